@@ -1,0 +1,268 @@
+"""The plugin contract: what a speech model provides so the ticker can drive it.
+
+A plugin serves many calls at once. Each call gets a *session*; once per frame period the
+ticker hands the plugin one input frame per live session and gets one output frame back per
+session, in a single batched `step` call, so a GPU model serves every call with one forward
+pass per tick.
+
+Threading: `capabilities`, `prepare_runtime_config` and `runtime_config_for_update` run on the
+event loop (the async one may push file loads to threads itself). `create_session`,
+`restart_session`, `close_session` and `step` run on the ticker's single worker thread, never
+concurrently with each other, so a plugin can keep per-slot model state without locks.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import numpy as np
+
+
+class PluginError(Exception):
+    """A refusal with a machine-readable code: HTTP 4xx at offer time, an `error` event later."""
+
+    def __init__(
+        self, code: str, message: str, *, param: str | None = None, status: int = 400
+    ) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.param = param
+        self.status = status
+
+    def to_dict(self) -> dict[str, Any]:
+        body: dict[str, Any] = {"code": self.code, "message": self.message}
+        if self.param is not None:
+            body["param"] = self.param
+        return body
+
+
+SESSION_CONFIG_KEYS = frozenset({"voice", "instructions", "extra_body"})
+
+
+@dataclass(frozen=True)
+class SessionConfig:
+    """What a client asked for (all optional); the plugin decides what it means."""
+
+    voice: str | None = None
+    instructions: str | None = None
+    extra_body: Mapping[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_json(cls, obj: Any, *, param: str = "session") -> SessionConfig:
+        """Validate the JSON shape only; plugin policy comes later."""
+        if obj is None:
+            return cls()
+        if not isinstance(obj, dict):
+            raise PluginError("invalid_session", f"'{param}' must be an object", param=param)
+        voice = _optional_str(obj, "voice", param)
+        instructions = _optional_str(obj, "instructions", param)
+        extra_body = obj.get("extra_body") or {}
+        if not isinstance(extra_body, dict):
+            raise PluginError(
+                "invalid_session",
+                f"'{param}.extra_body' must be an object",
+                param=f"{param}.extra_body",
+            )
+        return cls(voice=voice, instructions=instructions, extra_body=dict(extra_body))
+
+    def merged(self, update: SessionConfig) -> SessionConfig:
+        """Fields set in `update` win; extra_body keys merge."""
+        return SessionConfig(
+            voice=update.voice if update.voice is not None else self.voice,
+            instructions=(
+                update.instructions if update.instructions is not None else self.instructions
+            ),
+            extra_body={**self.extra_body, **update.extra_body},
+        )
+
+
+def _optional_str(obj: Mapping[str, Any], key: str, param: str) -> str | None:
+    value = obj.get(key)
+    if value is not None and not isinstance(value, str):
+        raise PluginError(
+            "invalid_session", f"'{param}.{key}' must be a string", param=f"{param}.{key}"
+        )
+    return value
+
+
+@dataclass(frozen=True)
+class RuntimeConfig:
+    """Validated settings one session runs with. `options` holds plugin-specific values."""
+
+    voice: str | None = None
+    instructions: str | None = None
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+    def describe(self) -> dict[str, Any]:
+        """The client-visible part (for `session.created` / `session.updated`)."""
+        return {"voice": self.voice, "instructions": self.instructions}
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    sample_rate: int
+    frame_size: int
+    channels: int = 1
+    max_sessions: int = 0  # 0 = no plugin-side limit
+    emits_text: bool = False
+    voices: tuple[str, ...] = ()
+    default_voice: str | None = None
+    voice_update: bool = False
+    instructions_update: bool = False
+
+    @property
+    def frame_seconds(self) -> float:
+        return self.frame_size / self.sample_rate
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "sample_rate": self.sample_rate,
+            "frame_size": self.frame_size,
+            "frame_ms": round(self.frame_seconds * 1000, 3),
+            "channels": self.channels,
+            "max_sessions": self.max_sessions,
+            "emits_text": self.emits_text,
+            "voices": list(self.voices),
+            "default_voice": self.default_voice,
+            "voice_update": self.voice_update,
+            "instructions_update": self.instructions_update,
+        }
+
+
+@dataclass
+class StepOutput:
+    """One frame of agent output for one session.
+
+    `audio` is float32 in [-1, 1], shape (frame_size,) for mono or (frame_size, channels).
+    `text` is the text piece the model emitted this frame, "" when none (pads are hidden).
+    `segment_end` says the agent's current spoken text segment ended at this frame.
+    """
+
+    audio: np.ndarray
+    text: str = ""
+    segment_end: bool = False
+    tokens: Mapping[str, Any] | None = None
+
+
+class PluginSession:
+    """Per-call state owned by a plugin. Subclass it to hold model slots and the like."""
+
+    def __init__(self, config: RuntimeConfig) -> None:
+        self.config = config
+
+
+@dataclass(frozen=True)
+class PluginOptions:
+    """Server-wide settings a plugin may use (from the CLI); each plugin reads what it needs."""
+
+    model_dir: str | None = None
+    device: str = "cpu"
+    dtype: str | None = None
+    max_sessions: int = 0
+    voice: str | None = None
+    upstreams: tuple[str, ...] = ()
+    model: str | None = None
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+
+class Plugin(abc.ABC):
+    """A speech model the ticker can drive. See the module docstring for threading rules."""
+
+    id: ClassVar[str]
+    # Keys in extra_body that only the server may set; a client sending one is refused.
+    private_keys: ClassVar[frozenset[str]] = frozenset()
+
+    @classmethod
+    def from_options(cls, options: PluginOptions) -> Plugin:
+        return cls()
+
+    @abc.abstractmethod
+    def capabilities(self) -> Capabilities: ...
+
+    @property
+    def sample_rate(self) -> int:
+        return self.capabilities().sample_rate
+
+    @property
+    def frame_size(self) -> int:
+        return self.capabilities().frame_size
+
+    @property
+    def channels(self) -> int:
+        return self.capabilities().channels
+
+    async def start(self) -> None:
+        """Load weights and the like; awaited once before the first call."""
+
+    async def close(self) -> None:
+        """Release what `start` acquired."""
+
+    def check_extra_body(self, extra_body: Mapping[str, Any], allowed: frozenset[str]) -> None:
+        """Refuse server-private keys first, then keys this plugin does not know."""
+        for key in extra_body:
+            if key in self.private_keys:
+                raise PluginError(
+                    "private_option",
+                    f"extra_body.{key} is set by the server and cannot be set by a client",
+                    param=f"extra_body.{key}",
+                )
+        for key in extra_body:
+            if key not in allowed:
+                raise PluginError(
+                    "unknown_option",
+                    f"extra_body.{key} is not an option of plugin '{self.id}'",
+                    param=f"extra_body.{key}",
+                )
+
+    @abc.abstractmethod
+    async def prepare_runtime_config(self, session_config: SessionConfig) -> RuntimeConfig:
+        """Validate a client's session config; raise PluginError with a code when refused."""
+
+    def runtime_config_for_update(
+        self, current: RuntimeConfig, update: SessionConfig
+    ) -> RuntimeConfig:
+        """A mid-call `session.update`. The default refuses every change it cannot take."""
+        if update.voice is not None and update.voice != current.voice:
+            raise PluginError(
+                "voice_update_unsupported",
+                f"plugin '{self.id}' cannot change the voice during a call",
+                param="session.voice",
+            )
+        if update.instructions is not None and update.instructions != current.instructions:
+            raise PluginError(
+                "persona_update_unsupported",
+                f"plugin '{self.id}' cannot change the instructions during a call",
+                param="session.instructions",
+            )
+        if update.extra_body:
+            self.check_extra_body(update.extra_body, frozenset())
+        return current
+
+    @abc.abstractmethod
+    def create_session(self, config: RuntimeConfig) -> PluginSession:
+        """Make a session's state (ticker thread). Raise PluginError when full."""
+
+    def restart_session(self, session: PluginSession) -> None:
+        """Start a new epoch: back to the state right after the prompt (ticker thread)."""
+
+    def close_session(self, session: PluginSession) -> None:
+        """Free the session's resources (ticker thread)."""
+
+    @abc.abstractmethod
+    def step(self, batch: Sequence[tuple[PluginSession, np.ndarray]]) -> list[StepOutput]:
+        """Advance every session in `batch` by one frame (ticker thread).
+
+        Each input frame is float32, shape (frame_size,) or (frame_size, channels).
+        Returns one StepOutput per batch entry, in order.
+        """
+
+    def silence_frame(self) -> np.ndarray:
+        """What the ticker feeds a session whose caller sent nothing this period."""
+        shape = (
+            (self.frame_size,) if self.channels == 1 else (self.frame_size, self.channels)
+        )
+        return np.zeros(shape, dtype=np.float32)

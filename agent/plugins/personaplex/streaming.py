@@ -1,0 +1,83 @@
+"""The one streaming protocol every stateful layer speaks.
+
+A `StreamingModule` keeps its state as a dict of tensors whose first dimension is the batch
+slot. Between calls that state carries over (conv history, KV cache, positions). Because every
+layer stores state the same way, three generic operations work on a whole model tree:
+
+- `start_streaming(model, batch_size)`: allocate fresh state for `batch_size` slots;
+- `reset_slots(model, mask)`: put the masked slots back to their fresh state, others untouched;
+- `export_slot` / `import_slot`: copy one slot's state out (a snapshot) or into another slot.
+
+So model code stays pure: a layer only says how to build its fresh state (`init_state`) and
+how to compute with `self.state` during `forward`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import torch
+from torch import nn
+
+SlotSnapshot = dict[str, torch.Tensor]
+
+
+class StreamingModule(nn.Module):
+    """A layer with per-slot state. `self.state` is None when not streaming."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.state: dict[str, torch.Tensor] | None = None
+
+    def init_state(self, batch_size: int) -> dict[str, torch.Tensor]:
+        """Fresh state for `batch_size` slots; every tensor has the slot as dim 0."""
+        return {}
+
+    @property
+    def is_streaming(self) -> bool:
+        return self.state is not None
+
+
+def streaming_modules(model: nn.Module) -> Iterator[tuple[str, StreamingModule]]:
+    for name, module in model.named_modules():
+        if isinstance(module, StreamingModule):
+            yield name, module
+
+
+def start_streaming(model: nn.Module, batch_size: int) -> None:
+    for _, module in streaming_modules(model):
+        module.state = module.init_state(batch_size)
+
+
+def stop_streaming(model: nn.Module) -> None:
+    for _, module in streaming_modules(model):
+        module.state = None
+
+
+def reset_slots(model: nn.Module, mask: torch.Tensor) -> None:
+    """Reset the slots where `mask` (bool, [B]) is True to their fresh state."""
+    for _, module in streaming_modules(model):
+        if module.state is None:
+            continue
+        batch_size = int(mask.shape[0])
+        fresh = module.init_state(batch_size)
+        for key, value in module.state.items():
+            value[mask.to(value.device)] = fresh[key][mask.to(value.device)].to(value.dtype)
+
+
+def export_slot(model: nn.Module, slot: int) -> SlotSnapshot:
+    snapshot: SlotSnapshot = {}
+    for name, module in streaming_modules(model):
+        if module.state is None:
+            continue
+        for key, value in module.state.items():
+            snapshot[f"{name}:{key}"] = value[slot].clone()
+    return snapshot
+
+
+def import_slot(model: nn.Module, slot: int, snapshot: SlotSnapshot) -> None:
+    for name, module in streaming_modules(model):
+        if module.state is None:
+            continue
+        for key, value in module.state.items():
+            value[slot].copy_(snapshot[f"{name}:{key}"])
