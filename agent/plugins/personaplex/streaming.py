@@ -37,6 +37,15 @@ class StreamingModule(nn.Module):
     def is_streaming(self) -> bool:
         return self.state is not None
 
+    def reset_state_slots(self, mask: torch.Tensor) -> None:
+        """Put the masked slots back to their fresh state. Layers with big state (KV caches)
+        override this to reset in place instead of building a whole fresh state."""
+        assert self.state is not None
+        fresh = self.init_state(int(mask.shape[0]))
+        for key, value in self.state.items():
+            slot_mask = mask.to(value.device)
+            value[slot_mask] = fresh[key][slot_mask].to(value.dtype)
+
 
 def streaming_modules(model: nn.Module) -> Iterator[tuple[str, StreamingModule]]:
     for name, module in model.named_modules():
@@ -59,10 +68,7 @@ def reset_slots(model: nn.Module, mask: torch.Tensor) -> None:
     for _, module in streaming_modules(model):
         if module.state is None:
             continue
-        batch_size = int(mask.shape[0])
-        fresh = module.init_state(batch_size)
-        for key, value in module.state.items():
-            value[mask.to(value.device)] = fresh[key][mask.to(value.device)].to(value.dtype)
+        module.reset_state_slots(mask)
 
 
 def export_slot(model: nn.Module, slot: int) -> SlotSnapshot:
