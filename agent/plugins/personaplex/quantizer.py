@@ -39,7 +39,9 @@ class EuclideanCodebook(nn.Module):
         self.epsilon = epsilon
         self.register_buffer("_initialized", torch.tensor([False], dtype=torch.float))
         self.register_buffer("cluster_usage", torch.ones(codebook_size))
-        self.register_buffer("embedding_sum", torch.zeros(codebook_size, dim))
+        # Random centroids (the released weights replace them): a freshly built model then
+        # gives varied codes, which tiny random-weight checkpoints rely on.
+        self.register_buffer("embedding_sum", torch.randn(codebook_size, dim))
 
     def centroids(self) -> Tensor:
         usage = self.cluster_usage.float().clamp(min=self.epsilon)

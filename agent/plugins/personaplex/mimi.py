@@ -1,0 +1,169 @@
+"""Mimi, the streaming neural audio codec: waveform <-> discrete codes at 12.5 Hz.
+
+encode: SEANet encoder -> encoder transformer -> strided conv down to the frame rate ->
+        split RVQ -> codes [B, K, n]
+decode: codes -> RVQ centroids -> transposed conv up to the encoder rate ->
+        decoder transformer -> SEANet decoder -> waveform [B, 1, 1920 * n]
+
+Streaming is per batch slot through `streaming.py`: `start_streaming(mimi, B)` allocates every
+layer's state, `reset_slots(mimi, mask)` restarts some slots (a new call) without touching the
+others. While streaming, inputs must be a whole number of frames; the stepper feeds exactly
+one frame per slot per tick. Outside streaming, `encode` pads the input to whole frames.
+
+Module names follow the reference checkpoint (`encoder.model.N...`, `encoder_transformer...`,
+`downsample.conv.conv.conv.weight`, `upsample.convtr.convtr.convtr.weight`, `quantizer...`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+from torch import Tensor, nn
+
+from .conv import StreamingConv1d, StreamingConvTranspose1d, pad_to_whole_frames
+from .quantizer import SplitResidualVectorQuantizer
+from .seanet import SEANetDecoder, SEANetEncoder
+
+if TYPE_CHECKING:
+    from .mimi_config import MimiConfig
+
+
+class ConvDownsample1d(nn.Module):
+    """Learnt strided conv from the encoder rate to the frame rate (replicate-padded)."""
+
+    def __init__(self, stride: int, dimension: int) -> None:
+        super().__init__()
+        self.conv = StreamingConv1d(
+            dimension, dimension, kernel_size=2 * stride, stride=stride, bias=False, pad_mode="replicate"
+        )
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.conv(x)
+
+
+class ConvTrUpsample1d(nn.Module):
+    """Learnt transposed conv back to the encoder rate.
+
+    Depthwise (groups = dimension): the released Mimi was trained that way (the reference calls
+    it `upsample_channel_wise_bug`), so the checkpoint's weight is [dimension, 1, 2 * stride].
+    """
+
+    def __init__(self, stride: int, dimension: int) -> None:
+        super().__init__()
+        self.convtr = StreamingConvTranspose1d(
+            dimension, dimension, kernel_size=2 * stride, stride=stride, groups=dimension, bias=False
+        )
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.convtr(x)
+
+
+class MimiModel(nn.Module):
+    def __init__(
+        self,
+        encoder: SEANetEncoder,
+        decoder: SEANetDecoder,
+        quantizer: SplitResidualVectorQuantizer,
+        encoder_transformer: nn.Module | None,
+        decoder_transformer: nn.Module | None,
+        sample_rate: int,
+        frame_rate: float,
+        channels: int = 1,
+    ) -> None:
+        super().__init__()
+        self.encoder = encoder
+        self.decoder = decoder
+        self.encoder_transformer = encoder_transformer
+        self.decoder_transformer = decoder_transformer
+        self.quantizer = quantizer
+        self.sample_rate = sample_rate
+        self.frame_rate = frame_rate
+        self.channels = channels
+        self.dimension = encoder.dimension
+        frame_size = sample_rate / frame_rate
+        if frame_size != int(frame_size):
+            raise ValueError(f"sample_rate / frame_rate must be a whole number, got {frame_size}")
+        self.frame_size = int(frame_size)
+        if self.frame_size % encoder.hop_length != 0:
+            raise ValueError(
+                f"frame size {self.frame_size} is not a multiple of the SEANet hop {encoder.hop_length}"
+            )
+        self.resample_stride = self.frame_size // encoder.hop_length
+        self.downsample: ConvDownsample1d | None = None
+        self.upsample: ConvTrUpsample1d | None = None
+        if self.resample_stride > 1:
+            self.downsample = ConvDownsample1d(self.resample_stride, self.dimension)
+            self.upsample = ConvTrUpsample1d(self.resample_stride, self.dimension)
+
+    @property
+    def num_codebooks(self) -> int:
+        return self.quantizer.num_codebooks
+
+    @property
+    def total_codebooks(self) -> int:
+        return self.quantizer.total_codebooks
+
+    @property
+    def cardinality(self) -> int:
+        return self.quantizer.cardinality
+
+    def set_num_codebooks(self, n: int) -> None:
+        self.quantizer.set_num_codebooks(n)
+
+    @property
+    def is_streaming(self) -> bool:
+        return self.encoder.model[0].is_streaming
+
+    def _check_frames(self, x: Tensor) -> Tensor:
+        if x.dim() != 3 or x.shape[1] != self.channels:
+            raise ValueError(f"audio must be [B, {self.channels}, T], got {list(x.shape)}")
+        length = x.shape[-1]
+        if not self.is_streaming:
+            return pad_to_whole_frames(x, self.frame_size)
+        if length == 0 or length % self.frame_size != 0:
+            raise ValueError(
+                f"streaming input length {length} must be a positive multiple of the frame size "
+                f"{self.frame_size}; buffer audio into whole frames before encoding"
+            )
+        return x
+
+    def encode_latent(self, x: Tensor) -> Tensor:
+        """Audio [B, C, T] -> unquantized latent [B, dimension, frames]."""
+        x = self._check_frames(x)
+        emb = self.encoder(x)
+        if self.encoder_transformer is not None:
+            emb = self.encoder_transformer(emb)[0]
+        if self.downsample is not None:
+            emb = self.downsample(emb)
+        return emb
+
+    def encode(self, x: Tensor) -> Tensor:
+        """Audio [B, C, frame_size * n] -> codes [B, num_codebooks, n] (int64)."""
+        return self.quantizer.encode(self.encode_latent(x))
+
+    def decode(self, codes: Tensor) -> Tensor:
+        """Codes [B, K, n] (K <= total codebooks, values in [0, cardinality)) -> audio [B, C, frame_size * n]."""
+        if codes.dim() != 3:
+            raise ValueError(f"codes must be [B, K, n], got {list(codes.shape)}")
+        dtype = self.decoder.model[0].conv.conv.weight.dtype
+        emb = self.quantizer.decode(codes, dtype)
+        if self.upsample is not None:
+            emb = self.upsample(emb)
+        if self.decoder_transformer is not None:
+            emb = self.decoder_transformer(emb)[0]
+        return self.decoder(emb)
+
+
+def load_mimi(
+    path: str | Path,
+    mimi_config: "MimiConfig | dict | None",
+    device: torch.device | str,
+    dtype: torch.dtype,
+    num_codebooks: int,
+) -> MimiModel:
+    """See `mimi_config.load_mimi`; here too because callers look for it next to the model."""
+    from .mimi_config import load_mimi as load
+
+    return load(path, mimi_config, device, dtype, num_codebooks)
