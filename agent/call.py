@@ -1,0 +1,347 @@
+"""One call: a peer connection, its inbound reader, its ticker seat, its paced outbound track.
+
+Follow one frame: the remote track's decoded audio → `FrameAssembler` (resample + exact
+frames) → `TickedSession.push` → the ticker's batched `plugin.step` → `on_output` →
+`PlayoutBuffer` → `AgentAudioTrack.recv` (paced 20 ms) → the peer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from aiortc import RTCDataChannel, RTCPeerConnection
+from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
+
+from .clock import MonotonicClock
+from .events import EventChannel, error_event, error_event_from, parse_client_event, server_event
+from .framing import FrameAssembler
+from .outbound import AgentAudioTrack
+from .playout import PlayoutBuffer
+from .plugins.base import Plugin, PluginError, SessionConfig, StepOutput
+from .ticker import TickedSession, Ticker
+
+log = logging.getLogger(__name__)
+
+SPEECH_RMS = 1e-3  # about -60 dBFS: quieter output frames count as silence
+SPEECH_HANGOVER_FRAMES = 6  # silent frames before the agent counts as having stopped
+
+
+def new_call_id() -> str:
+    return "call_" + secrets.token_urlsafe(18)
+
+
+@dataclass
+class CallSettings:
+    idle_timeout: float = 15.0  # seconds without inbound audio before a connected call ends
+    connect_timeout: float = 20.0  # seconds from answer to ICE/DTLS connected
+    max_call_seconds: float = 0.0  # 0 = unlimited
+    playout_capacity_seconds: float = 2.0
+
+
+class Call:
+    def __init__(
+        self,
+        call_id: str,
+        pc: RTCPeerConnection,
+        plugin: Plugin,
+        ticker: Ticker,
+        settings: CallSettings,
+        on_closed: Callable[[Call], Awaitable[None] | None],
+    ) -> None:
+        self.id = call_id
+        self.pc = pc
+        self.plugin = plugin
+        self.ticker = ticker
+        self.settings = settings
+        self.capabilities = plugin.capabilities()
+        self.clock = MonotonicClock()
+        self.playout = PlayoutBuffer(
+            int(self.capabilities.sample_rate * settings.playout_capacity_seconds)
+        )
+        self.track = AgentAudioTrack(self.playout, self.capabilities.sample_rate)
+        self.events = EventChannel()
+        self.ticked: TickedSession | None = None
+        self.session_config = SessionConfig()
+        self.started_at = time.monotonic()
+        self.connected_at: float | None = None
+        self.last_inbound_at: float | None = None
+        self.end_reason: str | None = None
+        self.codec: str | None = None
+        self.closed = asyncio.Event()
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._on_closed = on_closed
+        self._closing = False
+        self._speaking = False
+        self._silent_frames = 0
+        self._transcript: list[str] = []
+        self._response_index = 0
+        self._update_lock = asyncio.Lock()
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    def spawn(self, coro: Awaitable[Any], name: str) -> asyncio.Task[Any]:
+        """Start a task this call owns: it is cancelled when the call closes."""
+        task = asyncio.ensure_future(coro)
+        task.set_name(f"{self.id}:{name}")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    def start_watchdog(self) -> None:
+        self.spawn(self._watchdog(), "watchdog")
+
+    async def _watchdog(self) -> None:
+        interval = 0.25
+        while True:
+            await asyncio.sleep(interval)
+            now = time.monotonic()
+            if self.connected_at is None:
+                if now - self.started_at > self.settings.connect_timeout:
+                    await self.close("connect_timeout")
+                    return
+                continue
+            since_audio = now - (self.last_inbound_at or self.connected_at)
+            if since_audio > self.settings.idle_timeout:
+                await self.close("idle_timeout")
+                return
+            max_seconds = self.settings.max_call_seconds
+            if max_seconds and now - self.connected_at > max_seconds:
+                self.events.send(
+                    server_event(
+                        "call.ending", reason="max_call_seconds",
+                        message=f"calls are limited to {max_seconds:g} s",
+                    )
+                )
+                await asyncio.sleep(0.2)  # let the event leave before the channel closes
+                await self.close("max_call_seconds")
+                return
+
+    def on_connection_state(self) -> None:
+        state = self.pc.connectionState
+        if state == "connected" and self.connected_at is None:
+            self.connected_at = time.monotonic()
+        elif state in ("failed", "closed"):
+            self.spawn(self.close(f"connection_{state}"), "close")
+
+    async def close(self, reason: str = "hangup") -> None:
+        if self._closing:
+            await self.closed.wait()
+            return
+        self._closing = True
+        self.end_reason = reason
+        current = asyncio.current_task()
+        for task in list(self._tasks):
+            if task is not current:
+                task.cancel()
+        if self.ticked is not None:
+            await self.ticker.close_session(self.ticked)
+        self.track.stop()
+        try:
+            # pc.close() can hang on a dead transport; never let it pin the call.
+            await asyncio.wait_for(self.pc.close(), timeout=5)
+        except (asyncio.TimeoutError, Exception) as exc:
+            log.warning("call %s: peer connection close: %r", self.id, exc)
+        self.events.detach()
+        self.closed.set()
+        result = self._on_closed(self)
+        if asyncio.iscoroutine(result):
+            await result
+
+    # -- media ------------------------------------------------------------------------------
+
+    def on_remote_track(self, track: MediaStreamTrack) -> None:
+        if track.kind == "audio":
+            self.spawn(self._read_inbound(track), "inbound")
+        else:
+            self.spawn(self._drain(track), "drain")
+
+    async def _read_inbound(self, track: MediaStreamTrack) -> None:
+        capabilities = self.capabilities
+        assembler = FrameAssembler(
+            capabilities.sample_rate, capabilities.frame_size, capabilities.channels
+        )
+        while True:
+            try:
+                frame = await track.recv()
+            except MediaStreamError:
+                return
+            self.last_inbound_at = time.monotonic()
+            if self.ticked is None:
+                continue
+            for plugin_frame in assembler.push(frame):
+                self.ticked.push(plugin_frame)
+
+    async def _drain(self, track: MediaStreamTrack) -> None:
+        # An unread track fills an unbounded queue inside aiortc.
+        while True:
+            try:
+                await track.recv()
+            except MediaStreamError:
+                return
+
+    def on_output(self, output: StepOutput) -> None:
+        audio = output.audio
+        if audio.ndim > 1:
+            audio = audio.mean(axis=1)
+        self.playout.push(audio)
+        self._track_speech(audio)
+        if output.text:
+            self._transcript.append(output.text)
+            self.events.send(
+                server_event(
+                    "response.output_audio_transcript.delta",
+                    response_id=self.response_id, item_id=self.response_id,
+                    output_index=0, content_index=0, delta=output.text,
+                )
+            )
+        if output.segment_end:
+            self._finish_transcript()
+
+    @property
+    def response_id(self) -> str:
+        return f"resp_{self.id[5:17]}_{self._response_index}"
+
+    def _track_speech(self, audio: np.ndarray) -> None:
+        loud = float(np.sqrt(np.mean(np.square(audio)))) > SPEECH_RMS if audio.size else False
+        if loud:
+            self._silent_frames = 0
+            if not self._speaking:
+                self._speaking = True
+                self.events.send(
+                    server_event("output_audio_buffer.started", response_id=self.response_id)
+                )
+        elif self._speaking:
+            self._silent_frames += 1
+            if self._silent_frames >= SPEECH_HANGOVER_FRAMES:
+                self._speaking = False
+                self._finish_transcript()
+                self.events.send(
+                    server_event("output_audio_buffer.stopped", response_id=self.response_id)
+                )
+                self._response_index += 1
+
+    def _finish_transcript(self) -> None:
+        if not self._transcript:
+            return
+        text = "".join(self._transcript)
+        self._transcript.clear()
+        self.events.send(
+            server_event(
+                "response.output_audio_transcript.done",
+                response_id=self.response_id, item_id=self.response_id,
+                output_index=0, content_index=0, transcript=text,
+            )
+        )
+
+    def on_plugin_error(self, exc: Exception) -> None:
+        if isinstance(exc, PluginError):
+            self.events.send(error_event_from(exc))
+        else:
+            self.events.send(
+                error_event("plugin_error", "the model failed to step", error_type="server_error")
+            )
+
+    # -- data channel -----------------------------------------------------------------------
+
+    def describe_session(self) -> dict[str, Any]:
+        config = self.ticked.config if self.ticked is not None else None
+        return {
+            "id": self.id,
+            "object": "realtime.session",
+            "model": self.plugin.id,
+            "plugin": self.plugin.id,
+            **(config.describe() if config is not None else {}),
+            "capabilities": self.capabilities.to_dict(),
+        }
+
+    def attach_channel(self, channel: RTCDataChannel) -> None:
+        self.events.attach(channel.send)
+
+        @channel.on("message")
+        def on_message(message: str | bytes) -> None:
+            self.spawn(self.handle_client_event(message), "client-event")
+
+        @channel.on("close")
+        def on_close() -> None:
+            self.events.detach()
+
+        self.events.send(server_event("session.created", session=self.describe_session()))
+
+    async def handle_client_event(self, raw: str | bytes) -> None:
+        client_event_id = None
+        try:
+            event = parse_client_event(raw)
+            client_event_id = event.get("event_id")
+            await self.dispatch(event)
+        except PluginError as exc:
+            self.events.send(error_event_from(exc, client_event_id))
+        except Exception:
+            log.exception("call %s: client event failed", self.id)
+            self.events.send(
+                error_event("server_error", "the event could not be handled",
+                            client_event_id=client_event_id, error_type="server_error")
+            )
+
+    async def dispatch(self, event: dict[str, Any]) -> None:
+        event_type = event["type"]
+        if event_type == "session.update":
+            await self.update_session(event.get("session"))
+        elif event_type in ("response.cancel", "output_audio_buffer.clear"):
+            await self.new_epoch()
+        else:
+            raise PluginError(
+                "unknown_event", f"unknown event type '{event_type}'", param="type"
+            )
+
+    async def update_session(self, session: Any) -> None:
+        update = SessionConfig.from_json(session)
+        async with self._update_lock:
+            if self.ticked is None:
+                raise PluginError("session_not_ready", "the session is not open yet")
+            new_config = self.plugin.runtime_config_for_update(self.ticked.config, update)
+            await self.ticker.update_session(self.ticked, new_config)
+            self.session_config = self.session_config.merged(update)
+        self.events.send(server_event("session.updated", session=self.describe_session()))
+
+    async def new_epoch(self) -> None:
+        """Barge-in: drop queued agent audio and restart the model from its prompt."""
+        dropped = self.playout.clear()
+        if self.ticked is not None:
+            await self.ticker.restart_session(self.ticked)
+        self._transcript.clear()
+        if self._speaking:
+            self._speaking = False
+            self._response_index += 1
+        self.events.send(
+            server_event(
+                "output_audio_buffer.cleared",
+                response_id=self.response_id,
+                dropped_ms=round(dropped / self.capabilities.sample_rate * 1000),
+            )
+        )
+
+    # -- reporting --------------------------------------------------------------------------
+
+    def stats(self) -> dict[str, Any]:
+        return {
+            "call_id": self.id,
+            "plugin": self.plugin.id,
+            "connection_state": self.pc.connectionState,
+            "age_s": round(time.monotonic() - self.started_at, 3),
+            "inbound": self.ticked.counters.to_dict() if self.ticked else None,
+            "playout": {
+                "buffered_ms": round(
+                    self.playout.buffered_samples / self.capabilities.sample_rate * 1000, 1
+                ),
+                "dropped_samples": self.playout.dropped_samples,
+                "underrun_chunks": self.playout.underrun_chunks,
+                "reanchors": self.track.pacer.reanchors,
+            },
+        }

@@ -1,0 +1,88 @@
+"""Encode outbound audio on the event loop, one RTP payload per 20 ms frame.
+
+aiortc's sender hands every raw frame to a thread to encode and computes an RFC 6465 audio
+level with a per-sample Python loop; both cost more than the encode itself for 20 ms of voice.
+When a track returns an already-encoded `av.Packet`, the sender only packs it. So the agent's
+outbound track encodes inline with a codec opened at the agent's own rate (libopus takes
+24 kHz mono natively; G.711 gets one resample to 8 kHz).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from fractions import Fraction
+
+import av
+import numpy as np
+
+PTIME = 0.02
+OPUS_BITRATE = 40_000
+
+# mime subtype (lowercase) → (ffmpeg encoder, encoder sample rate)
+_CODECS: dict[str, tuple[str, int | None]] = {
+    "opus": ("libopus", None),  # None: encode at the track's own rate
+    "pcmu": ("pcm_mulaw", 8000),
+    "pcma": ("pcm_alaw", 8000),
+}
+
+
+def supports_inline(mime_type: str) -> bool:
+    return mime_type.lower().split("/")[-1] in _CODECS
+
+
+class InlineAudioEncoder:
+    """s16 mono frames of `ptime` at `sample_rate` in, one `av.Packet` each out."""
+
+    def __init__(self, mime_type: str, sample_rate: int) -> None:
+        encoder_name, encoder_rate = _CODECS[mime_type.lower().split("/")[-1]]
+        if encoder_name == "libopus" and sample_rate not in (8000, 12000, 16000, 24000, 48000):
+            encoder_rate = 48000
+        self.rate = encoder_rate or sample_rate
+        self.samples_per_packet = int(self.rate * PTIME)
+        self._codec = av.CodecContext.create(encoder_name, "w")
+        self._codec.sample_rate = self.rate
+        self._codec.format = "s16"
+        self._codec.layout = "mono"
+        self._codec.time_base = Fraction(1, self.rate)
+        if encoder_name == "libopus":
+            self._codec.bit_rate = OPUS_BITRATE
+            self._codec.options = {"application": "voip"}
+        self._resampler = (
+            av.AudioResampler(
+                format="s16", layout="mono", rate=self.rate, frame_size=self.samples_per_packet
+            )
+            if self.rate != sample_rate
+            else None
+        )
+        self._source_rate = sample_rate
+        self._pending: deque[bytes] = deque()
+        self._timestamp = 0
+        self._time_base = Fraction(1, self.rate)
+        if self._resampler is not None:
+            # The resampler's filter delay makes the first frame yield nothing; prime it so
+            # every later frame yields exactly one packet.
+            self._encode_raw(np.zeros(int(sample_rate * PTIME), dtype=np.int16))
+            self._pending.clear()
+
+    def encode(self, samples: np.ndarray) -> av.Packet:
+        """One packet for 20 ms of s16 mono samples at the source rate."""
+        self._encode_raw(samples)
+        payload = self._pending.popleft() if self._pending else self._silence_payload()
+        packet = av.Packet(payload)
+        packet.pts = self._timestamp
+        packet.time_base = self._time_base
+        self._timestamp += self.samples_per_packet
+        return packet
+
+    def _encode_raw(self, samples: np.ndarray) -> None:
+        frame = av.AudioFrame.from_ndarray(samples.reshape(1, -1), format="s16", layout="mono")
+        frame.sample_rate = self._source_rate
+        frames = self._resampler.resample(frame) if self._resampler is not None else [frame]
+        for chunk in frames:
+            for packet in self._codec.encode(chunk):
+                self._pending.append(bytes(packet))
+
+    def _silence_payload(self) -> bytes:
+        # Only reached if the codec buffered a frame; keeps the RTP clock continuous.
+        self._encode_raw(np.zeros(int(self._source_rate * PTIME), dtype=np.int16))
+        return self._pending.popleft() if self._pending else b""

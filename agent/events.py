@@ -1,0 +1,111 @@
+"""Server events on the data channel, in the OpenAI Realtime shape."""
+
+from __future__ import annotations
+
+import json
+import logging
+import secrets
+from collections.abc import Callable
+from typing import Any
+
+from .plugins.base import PluginError
+
+log = logging.getLogger(__name__)
+
+MAX_CLIENT_EVENT_BYTES = 64 * 1024
+
+
+def event_id() -> str:
+    return "event_" + secrets.token_hex(8)
+
+
+def server_event(event_type: str, **fields: Any) -> dict[str, Any]:
+    return {"type": event_type, "event_id": event_id(), **fields}
+
+
+def error_event(
+    code: str,
+    message: str,
+    *,
+    param: str | None = None,
+    client_event_id: str | None = None,
+    error_type: str = "invalid_request_error",
+) -> dict[str, Any]:
+    return server_event(
+        "error",
+        error={
+            "type": error_type,
+            "code": code,
+            "message": message,
+            "param": param,
+            "event_id": client_event_id,
+        },
+    )
+
+
+def error_event_from(exc: PluginError, client_event_id: str | None = None) -> dict[str, Any]:
+    error_type = "server_error" if exc.status >= 500 else "invalid_request_error"
+    return error_event(
+        exc.code, exc.message, param=exc.param, client_event_id=client_event_id,
+        error_type=error_type,
+    )
+
+
+class EventChannel:
+    """A JSON event pipe over an RTCDataChannel (or anything with `send(str)`).
+
+    Events sent before a channel is attached are dropped: the channel is optional and a
+    call works without one.
+    """
+
+    def __init__(self) -> None:
+        self._send: Callable[[str], None] | None = None
+        self.sent_types: list[str] = []
+
+    def attach(self, send: Callable[[str], None]) -> None:
+        self._send = send
+
+    def detach(self) -> None:
+        self._send = None
+
+    @property
+    def attached(self) -> bool:
+        return self._send is not None
+
+    def send(self, event: dict[str, Any]) -> None:
+        if self._send is None:
+            return
+        try:
+            self._send(json.dumps(event))
+        except Exception as exc:  # a closing channel must not break the media path
+            log.debug("data channel send failed: %s", exc)
+            self._send = None
+            return
+        self.sent_types.append(event["type"])
+        if len(self.sent_types) > 256:
+            del self.sent_types[:128]
+
+
+def parse_client_event(raw: str | bytes) -> dict[str, Any]:
+    """Decode one client event or raise PluginError with the code the client should see."""
+    if isinstance(raw, bytes):
+        if len(raw) > MAX_CLIENT_EVENT_BYTES:
+            raise PluginError("message_too_large", "events are limited to 64 KiB")
+        try:
+            raw = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            raise PluginError("invalid_json", "events must be UTF-8 JSON text") from None
+    if len(raw.encode("utf-8")) > MAX_CLIENT_EVENT_BYTES:
+        raise PluginError("message_too_large", "events are limited to 64 KiB")
+    try:
+        event = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise PluginError("invalid_json", f"event is not valid JSON: {exc.msg}") from None
+    if not isinstance(event, dict):
+        raise PluginError("invalid_event", "an event must be a JSON object")
+    if not isinstance(event.get("type"), str):
+        raise PluginError("missing_type", "an event needs a string 'type'", param="type")
+    client_event_id = event.get("event_id")
+    if client_event_id is not None and not isinstance(client_event_id, str):
+        raise PluginError("invalid_type", "'event_id' must be a string", param="event_id")
+    return event

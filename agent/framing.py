@@ -1,0 +1,56 @@
+"""Inbound audio of any codec rate/layout → exact plugin frames.
+
+`FrameAssembler` takes decoded `av.AudioFrame`s (Opus 48 kHz stereo, G.711 8 kHz mono, ...)
+or raw PCM chunks and yields float32 frames of exactly the plugin's frame size at its rate.
+libswresample (through PyAV) does the resampling and the re-chunking in one pass.
+"""
+
+from __future__ import annotations
+
+import av
+import numpy as np
+
+_LAYOUTS = {1: "mono", 2: "stereo"}
+
+
+class FrameAssembler:
+    def __init__(self, sample_rate: int, frame_size: int, channels: int = 1) -> None:
+        self.sample_rate = sample_rate
+        self.frame_size = frame_size
+        self.channels = channels
+        self._resampler = av.AudioResampler(
+            format="flt", layout=_LAYOUTS[channels], rate=sample_rate, frame_size=frame_size
+        )
+        # Source format changes (e.g. a codec switch) need a fresh resampler.
+        self._source_key: tuple[str, str, int] | None = None
+
+    def push(self, frame: av.AudioFrame) -> list[np.ndarray]:
+        key = (frame.format.name, frame.layout.name, frame.sample_rate)
+        if self._source_key is not None and key != self._source_key:
+            self._resampler = av.AudioResampler(
+                format="flt",
+                layout=_LAYOUTS[self.channels],
+                rate=self.sample_rate,
+                frame_size=self.frame_size,
+            )
+        self._source_key = key
+        # Timestamps from the network may jump; the resampler must only see a sample stream.
+        frame.pts = None
+        return [self._to_array(out) for out in self._resampler.resample(frame)]
+
+    def push_pcm16(self, samples: np.ndarray, sample_rate: int) -> list[np.ndarray]:
+        """Mono int16 samples from a non-WebRTC source (telephony websocket, RTP)."""
+        frame = av.AudioFrame.from_ndarray(
+            np.ascontiguousarray(samples, dtype=np.int16).reshape(1, -1),
+            format="s16",
+            layout="mono",
+        )
+        frame.sample_rate = sample_rate
+        return self.push(frame)
+
+    def _to_array(self, frame: av.AudioFrame) -> np.ndarray:
+        # Packed float: to_ndarray() is (1, samples * channels), interleaved.
+        data = frame.to_ndarray().reshape(-1)
+        if self.channels == 1:
+            return data.astype(np.float32, copy=True)
+        return data.reshape(-1, self.channels).astype(np.float32, copy=True)

@@ -1,0 +1,143 @@
+"""Offline inference: run a speech-model plugin over a WAV file, frame by frame.
+
+    python -m agent.offline --plugin personaplex|moshi --model-dir DIR --input in.wav \
+        --output out.wav [--voice V] [--persona TEXT] [--text out.txt] [--tokens out.json] \
+        [--device cpu|cuda] [--dtype float32|bfloat16] [--seed N] [--sample]
+
+It drives the same plugin code the server does (one `step` per 80 ms frame), so the output WAV
+has exactly one output frame per input frame; the last partial input frame is zero-padded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import wave
+from pathlib import Path
+from typing import Any
+
+import av
+import numpy as np
+
+from .plugins.base import PluginError, PluginOptions, SessionConfig
+from .plugins.registry import load_plugin
+
+
+def read_audio(path: str | Path, sample_rate: int) -> np.ndarray:
+    """Any file av can decode, as float32 mono at `sample_rate`."""
+    resampler = av.AudioResampler(format="flt", layout="mono", rate=sample_rate)
+    chunks: list[np.ndarray] = []
+    with av.open(str(path)) as container:
+        stream = container.streams.audio[0]
+        for frame in container.decode(stream):
+            for out in resampler.resample(frame):
+                chunks.append(out.to_ndarray().reshape(-1))
+        for out in resampler.resample(None):
+            chunks.append(out.to_ndarray().reshape(-1))
+    if not chunks:
+        return np.zeros(0, dtype=np.float32)
+    return np.concatenate(chunks).astype(np.float32, copy=False)
+
+
+def write_wav(path: str | Path, audio: np.ndarray, sample_rate: int) -> None:
+    """16-bit PCM mono WAV."""
+    pcm = (np.clip(audio, -1.0, 1.0) * 32767.0).round().astype("<i2")
+    with wave.open(str(path), "wb") as out:
+        out.setnchannels(1)
+        out.setsampwidth(2)
+        out.setframerate(sample_rate)
+        out.writeframes(pcm.tobytes())
+
+
+def split_frames(audio: np.ndarray, frame_size: int) -> list[np.ndarray]:
+    count = -(-len(audio) // frame_size)
+    padded = np.zeros(count * frame_size, dtype=np.float32)
+    padded[: len(audio)] = audio
+    return [padded[i * frame_size:(i + 1) * frame_size] for i in range(count)]
+
+
+async def _open(args: argparse.Namespace) -> tuple[Any, Any]:
+    plugin = load_plugin(
+        args.plugin,
+        PluginOptions(model_dir=args.model_dir, device=args.device, dtype=args.dtype,
+                      max_sessions=1, voice=args.voice),
+    )
+    await plugin.start()
+    extra_body: dict[str, Any] = {}
+    if args.sample:
+        extra_body["sampling"] = True
+        if args.seed is not None:
+            extra_body["seed"] = args.seed
+    config = await plugin.prepare_runtime_config(
+        SessionConfig(voice=args.voice, instructions=args.persona, extra_body=extra_body)
+    )
+    return plugin, config
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    plugin, config = asyncio.run(_open(args))
+    try:
+        capabilities = plugin.capabilities()
+        frames = split_frames(read_audio(args.input, capabilities.sample_rate),
+                              capabilities.frame_size)
+        session = plugin.create_session(config)
+        outputs: list[np.ndarray] = []
+        text_pieces: list[str] = []
+        tokens: list[Any] = []
+        for frame in frames:
+            (output,) = plugin.step([(session, frame)])
+            outputs.append(np.asarray(output.audio, dtype=np.float32).reshape(-1))
+            text_pieces.append(output.text)
+            tokens.append(dict(output.tokens) if output.tokens is not None else None)
+        plugin.close_session(session)
+    finally:
+        asyncio.run(plugin.close())
+    audio = np.concatenate(outputs) if outputs else np.zeros(0, dtype=np.float32)
+    write_wav(args.output, audio, capabilities.sample_rate)
+    text = "".join(text_pieces)
+    if args.text:
+        Path(args.text).write_text(text)
+    if args.tokens:
+        Path(args.tokens).write_text(json.dumps(
+            {"frame_size": capabilities.frame_size, "sample_rate": capabilities.sample_rate,
+             "frames": tokens}
+        ))
+    return {"frames": len(frames), "text": text}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m agent.offline", description=__doc__.split("\n")[0])
+    parser.add_argument("--plugin", choices=("personaplex", "moshi"), default="personaplex")
+    parser.add_argument("--model-dir", required=True)
+    parser.add_argument("--input", required=True)
+    parser.add_argument("--output", required=True)
+    parser.add_argument("--voice")
+    parser.add_argument("--persona")
+    parser.add_argument("--text", help="write the agent's transcript here")
+    parser.add_argument("--tokens", help="write the text and audio token ids per frame (JSON)")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dtype", help="float32 (CPU default) or bfloat16 (CUDA default)")
+    parser.add_argument("--seed", type=int)
+    parser.add_argument("--sample", action="store_true",
+                        help="sample (temperature/top-k) instead of greedy decoding")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        summary = run(args)
+    except PluginError as exc:
+        print(f"error [{exc.code}]: {exc.message}", file=sys.stderr)
+        return 2
+    except (OSError, av.error.FFmpegError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(f"{summary['frames']} frames -> {args.output}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

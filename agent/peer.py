@@ -1,0 +1,322 @@
+"""`python -m agent.peer URL`: a headless WebRTC caller for smoke tests and bridges.
+
+It calls a running agent, plays a WAV (or the built-in test signal), records what comes
+back, and reports: connected, seconds sent/received, the round-trip delay of the test signal,
+and gaps in the received audio. Exit status is non-zero when the call fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import time
+import wave
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from fractions import Fraction
+from typing import Any
+from urllib.parse import urlparse
+
+import aiohttp
+import av
+import numpy as np
+from aiortc import RTCConfiguration, RTCPeerConnection, RTCRtpSender, RTCSessionDescription
+from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
+
+from .clock import MonotonicClock
+from .outbound import float_to_s16
+from .pacer import Pacer
+from .rtc_tuning import limit_host_addresses
+from .testsignal import make_test_signal, measure_echo
+
+PEER_RATE = 48000
+CHUNK = PEER_RATE // 50
+GAP_SECONDS = 0.06
+
+
+class SignalTrack(MediaStreamTrack):
+    """Plays a float32 mono signal at 48 kHz in paced 20 ms frames, then silence."""
+
+    kind = "audio"
+
+    def __init__(self, signal: np.ndarray) -> None:
+        super().__init__()
+        self.signal = signal
+        self.pacer = Pacer(MonotonicClock(), CHUNK / PEER_RATE)
+        self.position = 0
+        self.started_at: float | None = None  # monotonic time of sample 0
+
+    async def recv(self) -> av.AudioFrame:
+        if self.readyState != "live":
+            raise MediaStreamError
+        await self.pacer.wait_next()
+        if self.started_at is None:
+            self.started_at = time.monotonic()
+        chunk = self.signal[self.position : self.position + CHUNK]
+        if len(chunk) < CHUNK:
+            chunk = np.concatenate([chunk, np.zeros(CHUNK - len(chunk), dtype=np.float32)])
+        frame = av.AudioFrame.from_ndarray(
+            float_to_s16(chunk).reshape(1, -1), format="s16", layout="mono"
+        )
+        frame.sample_rate = PEER_RATE
+        frame.pts = self.position
+        frame.time_base = Fraction(1, PEER_RATE)
+        self.position += CHUNK
+        return frame
+
+
+@dataclass
+class Recording:
+    chunks: list[np.ndarray] = field(default_factory=list)
+    arrivals: list[float] = field(default_factory=list)
+    first_at: float | None = None
+    resampler: av.AudioResampler = field(
+        default_factory=lambda: av.AudioResampler(format="flt", layout="mono", rate=PEER_RATE)
+    )
+
+    def add(self, frame: av.AudioFrame) -> None:
+        now = time.monotonic()
+        if self.first_at is None:
+            self.first_at = now
+        self.arrivals.append(now)
+        frame.pts = None
+        for out in self.resampler.resample(frame):
+            self.chunks.append(out.to_ndarray().reshape(-1).copy())
+
+    def samples(self) -> np.ndarray:
+        if not self.chunks:
+            return np.zeros(0, dtype=np.float32)
+        return np.concatenate(self.chunks).astype(np.float32)
+
+    def gaps(self, skip_seconds: float = 1.0) -> list[float]:
+        if not self.arrivals:
+            return []
+        start = self.arrivals[0] + skip_seconds
+        times = [t for t in self.arrivals if t >= start]
+        return [b - a for a, b in zip(times, times[1:]) if b - a > GAP_SECONDS]
+
+
+@dataclass
+class CallReport:
+    connected: bool = False
+    error: str | None = None
+    call_id: str | None = None
+    codec: str | None = None
+    connect_seconds: float | None = None
+    seconds_sent: float = 0.0
+    seconds_received: float = 0.0
+    delay_ms: float | None = None
+    correlation: float | None = None
+    gaps: int = 0
+    max_gap_ms: float = 0.0
+    events: list[str] = field(default_factory=list)
+    transcript: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.connected and self.error is None and self.seconds_received > 0
+
+
+def load_wav(path: str) -> np.ndarray:
+    """Any WAV → float32 mono at 48 kHz (PyAV reads and resamples it)."""
+    resampler = av.AudioResampler(format="flt", layout="mono", rate=PEER_RATE)
+    parts = []
+    with av.open(path) as container:
+        for frame in container.decode(audio=0):
+            frame.pts = None
+            parts += [f.to_ndarray().reshape(-1) for f in resampler.resample(frame)]
+    parts += [f.to_ndarray().reshape(-1) for f in resampler.resample(None)]
+    return np.concatenate(parts).astype(np.float32) if parts else np.zeros(0, np.float32)
+
+
+def save_wav(path: str, samples: np.ndarray, sample_rate: int = PEER_RATE) -> None:
+    with wave.open(path, "wb") as out:
+        out.setnchannels(1)
+        out.setsampwidth(2)
+        out.setframerate(sample_rate)
+        out.writeframes(float_to_s16(samples).tobytes())
+
+
+def offer_endpoint(url: str) -> tuple[str, str]:
+    """(endpoint, style): JSON /offer, or application/sdp for Realtime/WHIP-style routes."""
+    parsed = urlparse(url)
+    path = parsed.path.rstrip("/")
+    if not path:
+        return url.rstrip("/") + "/offer", "json"
+    return url, "json" if path.endswith("/offer") else "sdp"
+
+
+def prefer_codec(pc: RTCPeerConnection, codec: str) -> None:
+    capabilities = RTCRtpSender.getCapabilities("audio").codecs
+    chosen = [c for c in capabilities if c.mimeType.lower() == f"audio/{codec.lower()}"]
+    if not chosen:
+        raise ValueError(f"unknown codec {codec}")
+    for transceiver in pc.getTransceivers():
+        if transceiver.kind == "audio":
+            transceiver.setCodecPreferences(chosen)
+
+
+async def post_offer(
+    http: aiohttp.ClientSession, url: str, sdp: str, session: dict[str, Any] | None,
+    headers: dict[str, str],
+) -> tuple[str, str | None]:
+    endpoint, style = offer_endpoint(url)
+    if style == "json":
+        body: dict[str, Any] = {"sdp": sdp, "type": "offer"}
+        if session:
+            body["session"] = session
+        async with http.post(endpoint, json=body, headers=headers) as response:
+            payload = await response.json(content_type=None)
+            if response.status != 200:
+                raise RuntimeError(f"offer refused: HTTP {response.status} {payload}")
+            return payload["sdp"], payload.get("call_id")
+    async with http.post(
+        endpoint, data=sdp, headers={**headers, "Content-Type": "application/sdp"}
+    ) as response:
+        text = await response.text()
+        if response.status not in (200, 201):
+            raise RuntimeError(f"offer refused: HTTP {response.status} {text}")
+        location = response.headers.get("Location")
+        return text, location.rstrip("/").rsplit("/", 1)[-1] if location else None
+
+
+async def run_call(
+    url: str,
+    *,
+    signal: np.ndarray | None = None,
+    seconds: float = 5.0,
+    codec: str = "opus",
+    session: dict[str, Any] | None = None,
+    headers: dict[str, str] | None = None,
+    data_channel: bool = True,
+    connect_timeout: float = 10.0,
+) -> tuple[CallReport, np.ndarray, np.ndarray]:
+    """Make one call. Returns the report, the signal sent and the audio received (48 kHz)."""
+    builtin = signal is None
+    if signal is None:
+        signal = make_test_signal(seconds)
+    report = CallReport()
+    recording = Recording()
+    source = SignalTrack(signal)
+    pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
+    connected = asyncio.Event()
+    tasks: list[asyncio.Task[None]] = []
+    transcript: list[str] = []
+
+    @pc.on("connectionstatechange")
+    def on_state() -> None:
+        if pc.connectionState == "connected":
+            connected.set()
+
+    @pc.on("track")
+    def on_track(track: MediaStreamTrack) -> None:
+        async def record() -> None:
+            while True:
+                try:
+                    recording.add(await track.recv())
+                except MediaStreamError:
+                    return
+        tasks.append(asyncio.ensure_future(record()))
+
+    if data_channel:
+        channel = pc.createDataChannel("oai-events")
+
+        @channel.on("message")
+        def on_message(message: str) -> None:
+            try:
+                event = json.loads(message)
+            except ValueError:
+                return
+            report.events.append(str(event.get("type")))
+            if event.get("type") == "response.output_audio_transcript.delta":
+                transcript.append(str(event.get("delta", "")))
+
+    pc.addTrack(source)
+    prefer_codec(pc, codec)
+    try:
+        await pc.setLocalDescription(await pc.createOffer())
+        started = time.monotonic()
+        async with aiohttp.ClientSession() as http:
+            answer, report.call_id = await post_offer(
+                http, url, pc.localDescription.sdp, session, headers or {}
+            )
+        await pc.setRemoteDescription(RTCSessionDescription(sdp=answer, type="answer"))
+        await asyncio.wait_for(connected.wait(), connect_timeout)
+        report.connected = True
+        report.connect_seconds = round(time.monotonic() - started, 3)
+        for transceiver in pc.getTransceivers():
+            codecs = getattr(transceiver, "_codecs", [])
+            if codecs:
+                report.codec = codecs[0].mimeType.split("/")[-1]
+        await asyncio.sleep(seconds)
+        if pc.connectionState != "connected":
+            report.error = f"connection {pc.connectionState} during the call"
+    except asyncio.TimeoutError:
+        report.error = f"not connected within {connect_timeout:g} s"
+    except Exception as exc:
+        report.error = str(exc) or type(exc).__name__
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        try:
+            await asyncio.wait_for(pc.close(), 5)
+        except Exception:
+            pass
+    received = recording.samples()
+    report.seconds_sent = round(source.position / PEER_RATE, 3)
+    report.seconds_received = round(len(received) / PEER_RATE, 3)
+    gaps = recording.gaps()
+    report.gaps = len(gaps)
+    report.max_gap_ms = round(max(gaps, default=0.0) * 1000, 1)
+    report.transcript = "".join(transcript)
+    if builtin and report.connected and len(received) and source.started_at and recording.first_at:
+        echo = measure_echo(signal[: source.position], received, PEER_RATE)
+        offset = recording.first_at - source.started_at
+        report.delay_ms = round((offset + echo.lag_seconds) * 1000, 1)
+        report.correlation = round(echo.correlation, 3)
+    return report, signal, received
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m agent.peer", description=__doc__)
+    parser.add_argument("url", help="agent base URL (http://host:port) or an offer endpoint")
+    parser.add_argument("--play", help="WAV to send (default: the built-in test signal)")
+    parser.add_argument("--record", help="write the received audio to this WAV")
+    parser.add_argument("--seconds", type=float, default=5.0, help="call length (default 5)")
+    parser.add_argument("--codec", choices=["opus", "pcmu", "pcma"], default="opus")
+    parser.add_argument("--session", help="session config JSON (voice, instructions, ...)")
+    parser.add_argument("--token", help="Bearer token for the agent")
+    parser.add_argument("--ice-host", action="append", default=None, metavar="ADDR",
+                        help="gather ICE host candidates only on this address (repeatable)")
+    parser.add_argument("--json", action="store_true", help="print a JSON report")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.ice_host:
+        limit_host_addresses(args.ice_host)
+    signal = load_wav(args.play) if args.play else None
+    session = json.loads(args.session) if args.session else None
+    headers = {"Authorization": f"Bearer {args.token}"} if args.token else None
+    report, _, received = asyncio.run(
+        run_call(args.url, signal=signal, seconds=args.seconds, codec=args.codec,
+                 session=session, headers=headers)
+    )
+    if args.record:
+        save_wav(args.record, received)
+    if args.json:
+        print(json.dumps({**asdict(report), "ok": report.ok}, indent=2))
+    else:
+        status = "ok" if report.ok else f"FAILED: {report.error or 'no audio received'}"
+        print(f"{status}  codec={report.codec} connect={report.connect_seconds}s "
+              f"sent={report.seconds_sent}s received={report.seconds_received}s "
+              f"delay={report.delay_ms}ms corr={report.correlation} gaps={report.gaps}")
+    return 0 if report.ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

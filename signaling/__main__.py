@@ -1,0 +1,106 @@
+"""`python -m signaling`: run the agent's HTTP signaling server."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+
+from aiohttp import web
+
+from agent.media_agent import DEFAULT_CODECS, AgentSettings, MediaAgent
+from agent.call import CallSettings
+from agent.plugins.base import PluginError, PluginOptions
+from agent.plugins.registry import available_plugins, load_plugin
+from agent.rtc_tuning import limit_host_addresses
+
+from .app import create_app
+
+log = logging.getLogger("signaling")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m signaling",
+        description="WebRTC realtime media agent for full-duplex speech models.",
+    )
+    parser.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=8080, help="TCP port (default 8080)")
+    parser.add_argument(
+        "--plugin", default="echo",
+        help=f"plugin id (default echo; available: {', '.join(available_plugins())})",
+    )
+    model = parser.add_argument_group("model plugins")
+    model.add_argument("--model-dir", help="checkpoint directory (personaplex, moshi)")
+    model.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda")
+    model.add_argument("--dtype", default=None, help="float32 or bfloat16 (default by device)")
+    model.add_argument("--voice", default=None, help="default voice, e.g. NATF2.pt")
+    model.add_argument("--upstream", action="append", default=[],
+                       help="remote engine URL (repeatable; vllm-omni, moshi-server)")
+    model.add_argument("--model", default=None, help="model name to ask a remote engine for")
+    calls = parser.add_argument_group("calls")
+    calls.add_argument("--max-sessions", type=int, default=0,
+                       help="concurrent calls admitted (0 = unlimited)")
+    calls.add_argument("--max-call-seconds", type=float, default=0.0,
+                       help="hard limit on a call's length (0 = none)")
+    calls.add_argument("--idle-timeout", type=float, default=15.0,
+                       help="end a call whose inbound audio stopped this many seconds ago")
+    calls.add_argument("--connect-timeout", type=float, default=20.0,
+                       help="end a call not connected (ICE+DTLS) within this many seconds")
+    calls.add_argument("--jitter-buffer", type=int, default=1, metavar="PACKETS",
+                       help="receive jitter buffer depth in 20 ms packets (aiortc: 4; default 1)")
+    calls.add_argument("--codecs", default=",".join(DEFAULT_CODECS),
+                       help="accepted audio codecs in preference order (default opus,PCMU,PCMA)")
+    calls.add_argument("--ice-host", action="append", default=None, metavar="ADDR",
+                       help="gather ICE host candidates only on this address (repeatable; "
+                       "default: every interface; 127.0.0.1 keeps calls on loopback)")
+    parser.add_argument("--log-level", default="INFO")
+    return parser
+
+
+def settings_from_args(args: argparse.Namespace) -> AgentSettings:
+    return AgentSettings(
+        jitter_prefetch_packets=max(0, args.jitter_buffer),
+        codecs=tuple(c.strip() for c in args.codecs.split(",") if c.strip()),
+        max_calls=args.max_sessions,
+        call=CallSettings(
+            idle_timeout=args.idle_timeout,
+            connect_timeout=args.connect_timeout,
+            max_call_seconds=args.max_call_seconds,
+        ),
+    )
+
+
+def plugin_options_from_args(args: argparse.Namespace) -> PluginOptions:
+    return PluginOptions(
+        model_dir=args.model_dir, device=args.device, dtype=args.dtype,
+        max_sessions=args.max_sessions, voice=args.voice,
+        upstreams=tuple(args.upstream), model=args.model,
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    try:
+        plugin = load_plugin(args.plugin, plugin_options_from_args(args))
+    except PluginError as exc:
+        print(f"error: {exc.code}: {exc.message}", file=sys.stderr)
+        return 2
+    if args.ice_host:
+        limit_host_addresses(args.ice_host)
+    agent = MediaAgent(plugin, settings_from_args(args))
+    app = create_app(agent)
+    if args.host not in ("127.0.0.1", "localhost", "::1"):
+        log.warning("listening on %s without authentication", args.host)
+    log.info("serving plugin %s on http://%s:%d", plugin.id, args.host, args.port)
+    web.run_app(app, host=args.host, port=args.port, print=None, handle_signals=True)
+    log.info("stopped")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,75 @@
+"""The aiohttp application: routes, JSON errors, static page, agent lifetime."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from collections.abc import Awaitable, Callable
+
+from aiohttp import web
+
+from agent.media_agent import MediaAgent
+from agent.plugins.base import PluginError
+
+from . import health, offer
+from .errors import ApiError, from_plugin_error, json_error
+from .keys import AGENT_KEY
+
+log = logging.getLogger(__name__)
+
+WEB_DIR = Path(__file__).resolve().parent.parent / "web"
+MAX_BODY_BYTES = 256 * 1024
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+@web.middleware
+async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except ApiError as exc:
+        return exc.response()
+    except PluginError as exc:
+        return from_plugin_error(exc)
+    except web.HTTPRequestEntityTooLarge:
+        return json_error(413, "body_too_large", f"request bodies are limited to {MAX_BODY_BYTES} bytes")
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status, "http_error")
+        return json_error(exc.status, code, exc.reason, headers=_allow_header(exc))
+    except Exception:
+        log.exception("unhandled error on %s %s", request.method, request.path)
+        return json_error(500, "internal_error", "the server failed to handle the request")
+
+
+def _allow_header(exc: web.HTTPException) -> dict[str, str] | None:
+    allow = exc.headers.get("Allow")
+    return {"Allow": allow} if allow else None
+
+
+async def index(request: web.Request) -> web.StreamResponse:
+    page = WEB_DIR / "index.html"
+    if not page.exists():
+        return json_error(404, "not_found", "no web page is installed")
+    return web.FileResponse(page)
+
+
+def create_app(agent: MediaAgent, *, max_body_bytes: int = MAX_BODY_BYTES) -> web.Application:
+    app = web.Application(middlewares=[error_middleware], client_max_size=max_body_bytes)
+    app[AGENT_KEY] = agent
+    offer.add_routes(app)
+    health.add_routes(app)
+    app.router.add_get("/", index)
+    if WEB_DIR.is_dir():
+        app.router.add_static("/static/", WEB_DIR, show_index=False)
+
+    async def on_startup(app: web.Application) -> None:
+        await agent.start()
+
+    async def on_shutdown(app: web.Application) -> None:
+        await agent.close()
+
+    app.on_startup.append(on_startup)
+    app.on_shutdown.append(on_shutdown)
+    return app
