@@ -187,6 +187,11 @@ class Call:
                 return
 
     def on_output(self, output: StepOutput) -> None:
+        if output.error is not None:
+            self.events.send(error_event_from(output.error))
+        if output.end_call and not self._closing:
+            reason = output.error.code if output.error is not None else "plugin_ended"
+            self.spawn(self._end_after_events(reason), "plugin-end")
         audio = output.audio
         if audio.ndim > 1:
             audio = audio.mean(axis=1)
@@ -203,6 +208,10 @@ class Call:
             )
         if output.segment_end:
             self._finish_transcript()
+
+    async def _end_after_events(self, reason: str) -> None:
+        await asyncio.sleep(0.2)  # let the error event leave before the channel closes
+        await self.close(reason)
 
     @property
     def response_id(self) -> str:
@@ -344,4 +353,5 @@ class Call:
                 "underrun_chunks": self.playout.underrun_chunks,
                 "reanchors": self.track.pacer.reanchors,
             },
+            "plugin_session": self.ticked.plugin_session.stats() if self.ticked else None,
         }

@@ -140,12 +140,17 @@ class StepOutput:
     `audio` is float32 in [-1, 1], shape (frame_size,) for mono or (frame_size, channels).
     `text` is the text piece the model emitted this frame, "" when none (pads are hidden).
     `segment_end` says the agent's current spoken text segment ended at this frame.
+    `error` is a per-session failure to report to the caller as an `error` event (a plugin
+    that serves each call over its own connection, like a remote engine, fails per call);
+    `end_call` says this session cannot go on and the call should end after this frame.
     """
 
     audio: np.ndarray
     text: str = ""
     segment_end: bool = False
     tokens: Mapping[str, Any] | None = None
+    error: PluginError | None = None
+    end_call: bool = False
 
 
 class PluginSession:
@@ -153,6 +158,10 @@ class PluginSession:
 
     def __init__(self, config: RuntimeConfig) -> None:
         self.config = config
+
+    def stats(self) -> dict[str, Any]:
+        """Per-session numbers for `/metrics/calls` (read on the event loop); none by default."""
+        return {}
 
 
 @dataclass(frozen=True)
