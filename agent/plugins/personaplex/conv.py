@@ -92,9 +92,10 @@ class StreamingConv1d(StreamingModule):
             raise ValueError(
                 f"conv input length {length} must be a positive multiple of the stride {self.stride}"
             )
-        state = self.state if self.state is not None else self.init_state(x.shape[0])
+        conv = self.conv.conv
         if self.history == 0:
-            return self.conv.conv(x)
+            return F.conv1d(x, conv.weight, conv.bias, self.stride, 0, conv.dilation, conv.groups)
+        state = self.state if self.state is not None else self.init_state(x.shape[0])
         previous = state["previous"]
         if self.pad_mode == "replicate":
             # A fresh slot pads with copies of its first sample instead of zeros.
@@ -102,7 +103,8 @@ class StreamingConv1d(StreamingModule):
             previous = torch.where(first, x[..., :1], previous)
             state["first"].zero_()
         padded = torch.cat([previous, x], dim=-1)
-        y = self.conv.conv(padded)
+        # F.conv1d directly: the per-frame cost of these small convs is mostly call overhead.
+        y = F.conv1d(padded, conv.weight, conv.bias, self.stride, 0, conv.dilation, conv.groups)
         state["previous"].copy_(padded[..., -self.history :])
         return y
 
@@ -136,7 +138,7 @@ class StreamingConvTranspose1d(StreamingModule):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         convtr = self.convtr.convtr
-        y = convtr(x)
+        y = F.conv_transpose1d(x, convtr.weight, convtr.bias, convtr.stride, 0, 0, convtr.groups)
         if self.overhang == 0:
             return y
         tail = self.overhang

@@ -1,0 +1,113 @@
+"""Per-frame Mimi encode+decode time: this project vs the reference package (if installed).
+
+Streams 1920-sample frames (one per slot per tick, as the stepper does) through random-weight
+Mimi codecs of the tiny and small checkpoint sizes, at B=1 and B=8, and prints a table of the
+median milliseconds per tick. The reference (`moshi==0.2.13`) is a test-only oracle; without
+it only our column is printed.
+
+    python benchmarks/mimi_step_bench.py [--frames 40] [--threads 2] [--sizes tiny small]
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
+
+from agent.plugins.personaplex.mimi_config import build_mimi
+from agent.plugins.personaplex.streaming import start_streaming
+from agent.plugins.personaplex.tiny_checkpoint import mimi_architecture
+
+FRAME = 1920
+NUM_CODEBOOKS = 8
+
+
+def time_ticks(step: Callable[[torch.Tensor], torch.Tensor], audio: torch.Tensor) -> float:
+    """Median ms per tick over the frames of `audio` (one frame per slot per tick)."""
+    times = []
+    for t in range(audio.shape[-1] // FRAME):
+        chunk = audio[..., t * FRAME : (t + 1) * FRAME]
+        start = time.perf_counter()
+        step(chunk)
+        times.append((time.perf_counter() - start) * 1000)
+    return statistics.median(times)
+
+
+def build_ours(config: dict, batch: int) -> Callable[[torch.Tensor], torch.Tensor]:
+    torch.manual_seed(0)
+    model = build_mimi(config, "cpu", torch.float32)
+    model.set_num_codebooks(NUM_CODEBOOKS)
+    start_streaming(model, batch)
+    return lambda x: model.decode(model.encode(x))
+
+
+def build_reference(config: dict, batch: int) -> Callable[[torch.Tensor], torch.Tensor] | None:
+    try:
+        from moshi.models import loaders
+    except ImportError:
+        return None
+    torch.manual_seed(0)
+    model = loaders.get_mimi(None, copy.deepcopy(config), device="cpu", num_codebooks=NUM_CODEBOOKS)
+    with torch.no_grad():
+        for name, buffer in model.named_buffers():
+            if name.endswith("embedding_sum"):
+                buffer.copy_(torch.randn_like(buffer))
+    model.streaming_forever(batch)
+    return lambda x: model.decode(model.encode(x))
+
+
+def measure(config: dict, batch: int, frames: int, rounds: int) -> tuple[float, float | None]:
+    """Best-of-rounds median tick time; ours and the reference alternate round by round so
+    that load from other processes hits both alike."""
+    torch.manual_seed(1)
+    audio = torch.randn(batch, 1, FRAME * frames) * 0.3
+    ours_step, ref_step = build_ours(config, batch), build_reference(config, batch)
+    ours_best, ref_best = float("inf"), float("inf")
+    with torch.inference_mode():
+        ours_step(audio[..., :FRAME])  # warm-up (allocator, first-call dispatch)
+        if ref_step is not None:
+            ref_step(audio[..., :FRAME])
+        for _ in range(rounds):
+            ours_best = min(ours_best, time_ticks(ours_step, audio))
+            if ref_step is not None:
+                ref_best = min(ref_best, time_ticks(ref_step, audio))
+    return ours_best, (ref_best if ref_step is not None else None)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--frames", type=int, default=25, help="frames per round")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch default)")
+    parser.add_argument("--sizes", nargs="+", default=["tiny", "small"])
+    parser.add_argument("--batches", nargs="+", type=int, default=[1, 8])
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    print(
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads; "
+        f"ms per tick (encode+decode of one 1920-sample frame per slot), "
+        f"best of {args.rounds} rounds of the median over {args.frames} frames"
+    )
+    print(f"{'size':<6} {'B':>3} {'ours ms':>9} {'ref ms':>9} {'ours/ref':>9} {'ours/B1':>8}")
+    for size in args.sizes:
+        config = mimi_architecture(size)
+        base: float | None = None
+        for batch in args.batches:
+            ours, ref = measure(config, batch, args.frames, args.rounds)
+            base = ours if base is None else base
+            ratio = f"{ours / ref:9.2f}" if ref else f"{'-':>9}"
+            ref_text = f"{ref:9.2f}" if ref else f"{'-':>9}"
+            print(f"{size:<6} {batch:>3} {ours:9.2f} {ref_text} {ratio} {ours / base:8.2f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
