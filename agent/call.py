@@ -24,6 +24,7 @@ from .events import EventChannel, error_event, error_event_from, parse_client_ev
 from .framing import FrameAssembler
 from .outbound import AgentAudioTrack
 from .playout import PlayoutBuffer
+from .realtime_session import session_config_from_realtime
 from .plugins.base import Plugin, PluginError, SessionConfig, StepOutput
 from .ticker import TickedSession, Ticker
 
@@ -310,7 +311,9 @@ class Call:
             )
 
     async def update_session(self, session: Any) -> None:
-        update = SessionConfig.from_json(session)
+        if not isinstance(session, dict):
+            raise PluginError("invalid_type", "'session' must be an object", param="session")
+        update = session_config_from_realtime(session)
         async with self._update_lock:
             if self.ticked is None:
                 raise PluginError("session_not_ready", "the session is not open yet")

@@ -1,0 +1,341 @@
+"""Bearer auth: server API keys and short-lived, single-use ephemeral secrets (`ek_...`).
+
+With `--api-key` (repeatable, or env `AGENT_API_KEY`), every route except the public ones
+(`/`, `/static/`, `/health`, CORS preflight) needs `Authorization: Bearer <key>`; keys are
+compared in constant time. A key holder mints ephemeral secrets at
+`POST /v1/realtime/client_secrets`. A secret:
+- creates exactly one call (`POST /v1/realtime/calls`), with the session config bound to it
+  at mint time; a second use, or a use after its TTL, gets 401;
+- afterwards may manage (hang up, trickle to) only the call it created, for as long as that
+  call lives;
+- may read `GET /v1/models` and `GET /v1/realtime/config`, and nothing else (403 elsewhere;
+  in particular a secret cannot mint secrets).
+
+Ownership: a call belongs to the credential that created it. A key may manage the calls
+made with it and with the secrets it minted; a secret only its own call; anyone else gets
+404. With no key configured the server is open (everyone is the same anonymous owner), but a
+presented `ek_` secret is still honoured (bound config, single use), so a browser page
+written for the secured flow works unchanged.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import hmac
+import os
+import secrets
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+
+from agent.plugins.base import SessionConfig
+from agent.realtime_session import session_config_from_realtime
+
+from .errors import ApiError, read_json_object
+from .keys import AGENT_KEY
+
+API_KEY_ENV = "AGENT_API_KEY"
+SECRET_PREFIX = "ek_"
+DEFAULT_SECRET_TTL = 60.0
+MAX_SECRET_TTL = 3600.0
+MAX_LIVE_SECRETS = 10_000
+PUBLIC_PATHS = frozenset({"/", "/health"})
+PUBLIC_PREFIXES = ("/static/",)
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+@dataclass(frozen=True)
+class AuthSettings:
+    api_keys: tuple[str, ...] = ()
+    secret_ttl_seconds: float = DEFAULT_SECRET_TTL
+
+    @property
+    def open(self) -> bool:
+        return not self.api_keys
+
+
+@dataclass
+class EphemeralSecret:
+    value_hash: bytes
+    tenant: str | None
+    expires_at: float  # unix time
+    session: SessionConfig | None
+    in_use: bool = False  # a call is being created with it, or was
+    call_id: str | None = None
+
+    def expired(self, now: float | None = None) -> bool:
+        return (now if now is not None else time.time()) >= self.expires_at
+
+
+def _hash(value: str) -> bytes:
+    # Secrets are looked up by hash so a dict probe never compares the secret itself.
+    return hashlib.sha256(value.encode("utf-8", "replace")).digest()
+
+
+class SecretStore:
+    def __init__(self) -> None:
+        self._secrets: dict[bytes, EphemeralSecret] = {}
+
+    def mint(self, tenant: str | None, ttl: float, session: SessionConfig | None
+             ) -> tuple[str, EphemeralSecret]:
+        self.prune(set())
+        if len(self._secrets) >= MAX_LIVE_SECRETS:
+            raise ApiError(503, "too_many_secrets", "too many unexpired secrets; retry later",
+                           headers={"Retry-After": "5"})
+        value = SECRET_PREFIX + secrets.token_urlsafe(24)
+        secret = EphemeralSecret(_hash(value), tenant, time.time() + ttl, session)
+        self._secrets[secret.value_hash] = secret
+        return value, secret
+
+    def find(self, value: str) -> EphemeralSecret | None:
+        return self._secrets.get(_hash(value))
+
+    def prune(self, live_calls: set[str] | dict[str, Any]) -> None:
+        """Forget secrets that can no longer do anything."""
+        now = time.time()
+        for key, secret in list(self._secrets.items()):
+            spent = secret.call_id is not None and secret.call_id not in live_calls
+            if spent or (secret.expired(now) and secret.call_id is None and not secret.in_use):
+                del self._secrets[key]
+
+    def __len__(self) -> int:
+        return len(self._secrets)
+
+
+@dataclass(frozen=True)
+class Principal:
+    """Who is asking: the anonymous user of an open server, a key holder, or a secret."""
+
+    kind: str  # "open" | "key" | "secret"
+    tenant: str | None = None
+    secret: EphemeralSecret | None = field(default=None, compare=False)
+
+    def may_manage(self, owner: Principal) -> bool:
+        if self.secret is not None:
+            return owner.secret is self.secret
+        return owner.tenant == self.tenant
+
+    def consume(self) -> None:
+        """Spend a secret on the call being created (no-op for keys)."""
+        if self.secret is None:
+            return
+        if self.secret.in_use:
+            raise ApiError(401, "secret_used", "this ephemeral secret was already used")
+        if self.secret.expired():
+            raise ApiError(401, "secret_expired", "this ephemeral secret has expired")
+        self.secret.in_use = True
+
+    def release(self) -> None:
+        """The call could not be created: the secret stays usable."""
+        if self.secret is not None and self.secret.call_id is None:
+            self.secret.in_use = False
+
+    def claim(self, call_id: str) -> None:
+        if self.secret is not None:
+            self.secret.call_id = call_id
+
+
+OPEN = Principal("open")
+
+AUTH_SETTINGS_KEY = web.AppKey("auth_settings", AuthSettings)
+SECRETS_KEY = web.AppKey("secrets", SecretStore)
+PRINCIPAL = "principal"
+
+
+def tenant_of(key: str) -> str:
+    return "key_" + hashlib.sha256(key.encode()).hexdigest()[:12]
+
+
+def bearer_token(request: web.Request) -> str | None:
+    header = request.headers.get("Authorization")
+    if header is None:
+        return None
+    scheme, _, token = header.strip().partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        raise ApiError(401, "invalid_authorization",
+                       "the Authorization header must be 'Bearer <key>'")
+    return token.strip()
+
+
+def match_key(token: str, keys: tuple[str, ...]) -> str | None:
+    """The key equal to `token`, compared in constant time against every key."""
+    found = None
+    candidate = token.encode("utf-8", "replace")
+    for key in keys:
+        if hmac.compare_digest(candidate, key.encode("utf-8")):
+            found = key
+    return found
+
+
+def secret_may_use(request: web.Request, secret: EphemeralSecret) -> bool:
+    path, method = request.path, request.method
+    if method == "GET" and path in ("/v1/models", "/v1/realtime/config"):
+        return True
+    if path == "/v1/realtime/calls":
+        return method == "POST"
+    return path.startswith("/v1/realtime/calls/")
+
+
+def authenticate(request: web.Request) -> Principal:
+    settings = request.app[AUTH_SETTINGS_KEY]
+    token = bearer_token(request) if not settings.open else _open_token(request)
+    if token is None:
+        if settings.open:
+            return OPEN
+        raise ApiError(401, "missing_api_key", "this server needs 'Authorization: Bearer <key>'",
+                       headers={"WWW-Authenticate": "Bearer"})
+    if not settings.open:
+        key = match_key(token, settings.api_keys)
+        if key is not None:
+            return Principal("key", tenant_of(key))
+    if token.startswith(SECRET_PREFIX):
+        secret = request.app[SECRETS_KEY].find(token)
+        if secret is not None:
+            if not secret_may_use(request, secret):
+                raise ApiError(403, "secret_not_allowed",
+                               "an ephemeral secret may only create and manage its own call")
+            if secret.call_id is None and secret.expired():
+                raise ApiError(401, "secret_expired", "this ephemeral secret has expired",
+                               headers={"WWW-Authenticate": "Bearer"})
+            return Principal("secret", secret.tenant, secret)
+        raise ApiError(401, "invalid_secret", "unknown or expired ephemeral secret",
+                       headers={"WWW-Authenticate": "Bearer"})
+    raise ApiError(401, "invalid_api_key", "the API key is not valid",
+                   headers={"WWW-Authenticate": "Bearer"})
+
+
+def _open_token(request: web.Request) -> str | None:
+    # An open server ignores keys (clients may send whatever they use elsewhere) but still
+    # honours, or refuses, an ephemeral secret it is shown.
+    try:
+        token = bearer_token(request)
+    except ApiError:
+        return None
+    return token if token and token.startswith(SECRET_PREFIX) else None
+
+
+def is_public(request: web.Request) -> bool:
+    return (
+        request.method == "OPTIONS"
+        or request.path in PUBLIC_PATHS
+        or request.path.startswith(PUBLIC_PREFIXES)
+    )
+
+
+@web.middleware
+async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    if is_public(request):
+        request[PRINCIPAL] = OPEN
+        return await handler(request)
+    try:
+        request[PRINCIPAL] = authenticate(request)
+    except ApiError as exc:
+        return exc.response()
+    return await handler(request)
+
+
+def principal_of(request: web.Request) -> Principal:
+    return request.get(PRINCIPAL, OPEN)
+
+
+def secret_session(request: web.Request) -> SessionConfig | None:
+    secret = principal_of(request).secret
+    return secret.session if secret is not None else None
+
+
+# -- POST /v1/realtime/client_secrets -----------------------------------------------------
+
+
+def _ttl_from(body: dict[str, Any], default: float) -> float:
+    expires_after = body.get("expires_after")
+    if expires_after is None:
+        return default
+    if not isinstance(expires_after, dict):
+        raise ApiError(400, "invalid_type", "'expires_after' must be an object",
+                       param="expires_after")
+    anchor = expires_after.get("anchor", "created_at")
+    if anchor != "created_at":
+        raise ApiError(400, "invalid_value", "'expires_after.anchor' must be \"created_at\"",
+                       param="expires_after.anchor")
+    seconds = expires_after.get("seconds", default)
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)):
+        raise ApiError(400, "invalid_type", "'expires_after.seconds' must be a number",
+                       param="expires_after.seconds")
+    if not 1 <= seconds <= MAX_SECRET_TTL:
+        raise ApiError(400, "invalid_value",
+                       f"'expires_after.seconds' must be between 1 and {MAX_SECRET_TTL:g}",
+                       param="expires_after.seconds")
+    return float(seconds)
+
+
+async def post_client_secret(request: web.Request) -> web.Response:
+    principal = principal_of(request)
+    if principal.secret is not None:  # authenticate() refuses this already; belt and braces
+        raise ApiError(403, "secret_not_allowed", "an ephemeral secret cannot mint secrets")
+    body: dict[str, Any] = {}
+    if request.can_read_body:
+        if request.content_type != "application/json":
+            raise ApiError(415, "unsupported_media_type", "send application/json")
+        body = await read_json_object(request)
+    ttl = _ttl_from(body, request.app[AUTH_SETTINGS_KEY].secret_ttl_seconds)
+    session = None
+    if body.get("session") is not None:
+        session = session_config_from_realtime(body["session"], param="session")
+        # Refuse a config the plugin would refuse now, not when the browser calls.
+        await request.app[AGENT_KEY].plugin.prepare_runtime_config(session)
+    store = request.app[SECRETS_KEY]
+    store.prune(request.app[AGENT_KEY].calls)
+    value, secret = store.mint(principal.tenant, ttl, session)
+    return web.json_response({
+        "value": value,
+        "expires_at": int(secret.expires_at),
+        "session": session_description(session),
+    })
+
+
+def session_description(session: SessionConfig | None) -> dict[str, Any]:
+    if session is None:
+        return {"type": "realtime"}
+    return {
+        "type": "realtime",
+        "voice": session.voice,
+        "instructions": session.instructions,
+        "extra_body": dict(session.extra_body),
+    }
+
+
+def setup(app: web.Application, settings: AuthSettings) -> None:
+    app[AUTH_SETTINGS_KEY] = settings
+    app[SECRETS_KEY] = SecretStore()
+    app.router.add_post("/v1/realtime/client_secrets", post_client_secret)
+
+
+# -- command line -----------------------------------------------------------------------------
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("auth")
+    group.add_argument(
+        "--api-key", action="append", default=None, metavar="KEY",
+        help=f"require 'Authorization: Bearer KEY' (repeatable; default: env {API_KEY_ENV}; "
+        "none: the server is open)",
+    )
+    group.add_argument(
+        "--secret-ttl", type=float, default=DEFAULT_SECRET_TTL, metavar="SECONDS",
+        help=f"default lifetime of ephemeral secrets (default {DEFAULT_SECRET_TTL:g})",
+    )
+
+
+def settings_from_args(args: argparse.Namespace) -> AuthSettings:
+    keys = list(args.api_key or [])
+    if not keys and os.environ.get(API_KEY_ENV):
+        keys = [os.environ[API_KEY_ENV]]
+    keys = [k for k in keys if k]
+    ttl = min(max(1.0, args.secret_ttl), MAX_SECRET_TTL)
+    return AuthSettings(api_keys=tuple(keys), secret_ttl_seconds=ttl)
+

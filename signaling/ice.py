@@ -1,0 +1,134 @@
+"""ICE servers: the `--ice-server` flags, `Link` headers (RFC 9725) and `GET /v1/realtime/config`.
+
+The same list configures the agent's own peer connections (so it gathers srflx/relay
+candidates) and is advertised to callers. The default is no ICE server at all: host
+candidates only, because a STUN lookup on a closed network stalls every answer.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from typing import Any
+
+from aiohttp import web
+from aiortc import RTCIceServer
+
+from .keys import AGENT_KEY
+
+ICE_SCHEMES = ("stun:", "stuns:", "turn:", "turns:")
+
+
+def _quote(value: str) -> str:
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def server_urls(server: RTCIceServer) -> list[str]:
+    return [server.urls] if isinstance(server.urls, str) else list(server.urls)
+
+
+def link_headers(servers: Sequence[RTCIceServer]) -> list[str]:
+    """One `Link: <url>; rel="ice-server"...` value per URL (RFC 9725 section 4.6)."""
+    links = []
+    for server in servers:
+        for url in server_urls(server):
+            link = f'<{url}>; rel="ice-server"'
+            if server.username is not None:
+                link += f"; username={_quote(server.username)}"
+            if server.credential is not None:
+                link += f"; credential={_quote(server.credential)}"
+                link += f'; credential-type="{server.credentialType or "password"}"'
+            links.append(link)
+    return links
+
+
+def browser_ice_servers(servers: Sequence[RTCIceServer]) -> list[dict[str, Any]]:
+    """The list as a browser's `RTCPeerConnection({iceServers})` takes it."""
+    result = []
+    for server in servers:
+        entry: dict[str, Any] = {"urls": server_urls(server)}
+        if server.username is not None:
+            entry["username"] = server.username
+        if server.credential is not None:
+            entry["credential"] = server.credential
+        result.append(entry)
+    return result
+
+
+async def get_config(request: web.Request) -> web.Response:
+    agent = request.app[AGENT_KEY]
+    capabilities = agent.plugin.capabilities()
+    return web.json_response({
+        "ice_servers": browser_ice_servers(agent.settings.ice_servers),
+        "calls_url": "/v1/realtime/calls",
+        "data_channel": "oai-events",
+        "plugin": agent.plugin.id,
+        "codecs": list(agent.settings.codecs),
+        "sample_rate": capabilities.sample_rate,
+        "voices": list(capabilities.voices),
+        "default_voice": capabilities.default_voice,
+    })
+
+
+def add_routes(app: web.Application) -> None:
+    app.router.add_get("/v1/realtime/config", get_config)
+
+
+# -- command line -----------------------------------------------------------------------------
+
+
+class _IceServerAction(argparse.Action):
+    """`--ice-server URL`: start a new server entry."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: Any, option_string: str | None = None) -> None:
+        url = str(values)
+        if not url.startswith(ICE_SCHEMES):
+            parser.error(f"--ice-server {url!r}: must start with one of {', '.join(ICE_SCHEMES)}")
+        entries = list(getattr(namespace, self.dest) or [])
+        entries.append({"urls": url, "username": None, "credential": None})
+        setattr(namespace, self.dest, entries)
+
+
+class _IceCredentialAction(argparse.Action):
+    """`--ice-username U` / `--ice-credential C`: applies to the preceding `--ice-server`."""
+
+    def __init__(self, *args: Any, field_name: str, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.field_name = field_name
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: Any, option_string: str | None = None) -> None:
+        entries = getattr(namespace, "ice_servers", None) or []
+        if not entries:
+            parser.error(f"{option_string} must follow an --ice-server")
+        if entries[-1][self.field_name] is not None:
+            parser.error(f"{option_string} given twice for {entries[-1]['urls']}")
+        entries[-1][self.field_name] = str(values)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("ICE servers")
+    group.add_argument(
+        "--ice-server", dest="ice_servers", action=_IceServerAction, default=[], metavar="URL",
+        help="STUN/TURN server for the agent's peer connections, also advertised to callers "
+        "(repeatable; e.g. turn:turn.example.com:3478?transport=udp; default: none)",
+    )
+    group.add_argument("--ice-username", action=_IceCredentialAction, field_name="username",
+                       metavar="U", help="TURN username for the preceding --ice-server")
+    group.add_argument("--ice-credential", action=_IceCredentialAction,
+                       field_name="credential", metavar="C",
+                       help="TURN password for the preceding --ice-server")
+
+
+def ice_servers_from_args(args: argparse.Namespace) -> list[RTCIceServer]:
+    servers = []
+    for entry in getattr(args, "ice_servers", None) or []:
+        url = entry["urls"]
+        if url.startswith(("turn:", "turns:")) and (
+            entry["username"] is None or entry["credential"] is None
+        ):
+            raise SystemExit(f"--ice-server {url}: TURN needs --ice-username and --ice-credential")
+        servers.append(RTCIceServer(urls=url, username=entry["username"],
+                                    credential=entry["credential"]))
+    return servers

@@ -1,0 +1,230 @@
+"""OpenAI-Realtime / WHIP-style call resources: `/v1/realtime/calls`.
+
+`POST /v1/realtime/calls` (application/sdp offer, or multipart `sdp` + `session`) creates a
+call and answers `201 Created` with the SDP answer, `Location`, `ETag` and one `Link` per ICE
+server. The call resource then takes `DELETE` / `POST .../hangup` (end it) and `PATCH`
+(trickled ICE candidates). A call belongs to the credential that created it; asking about
+someone else's call gets the same 404 as an unknown id, so ids cannot be probed.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import web
+
+from agent.media_agent import MediaAgent
+from agent.plugins.base import SessionConfig
+from agent.realtime_session import session_config_from_realtime
+from agent.sdp import MAX_SDP_BYTES
+from agent.trickle import TrickleError, apply_sdpfrag, parse_sdpfrag
+
+from .auth import Principal, principal_of, secret_session
+from .errors import ApiError
+from .ice import link_headers
+from .keys import AGENT_KEY
+
+CALLS_PATH = "/v1/realtime/calls"
+SDP_TYPE = "application/sdp"
+MULTIPART_TYPE = "multipart/form-data"
+TRICKLE_TYPE = "application/trickle-ice-sdpfrag"
+MAX_SESSION_JSON_BYTES = 64 * 1024
+
+
+@dataclass
+class CallResource:
+    call_id: str
+    etag: str
+    owner: Principal
+
+
+class CallResources:
+    """Which credential owns which live call, and each call's ETag."""
+
+    def __init__(self, agent: MediaAgent) -> None:
+        self.agent = agent
+        self._resources: dict[str, CallResource] = {}
+
+    def add(self, call_id: str, owner: Principal) -> CallResource:
+        self.prune()
+        resource = CallResource(call_id, f'"{secrets.token_urlsafe(12)}"', owner)
+        self._resources[call_id] = resource
+        return resource
+
+    def prune(self) -> None:
+        for call_id in [c for c in self._resources if c not in self.agent.calls]:
+            del self._resources[call_id]
+
+    def lookup(self, call_id: str, principal: Principal) -> CallResource:
+        resource = self._resources.get(call_id)
+        if resource is None or call_id not in self.agent.calls:
+            self._resources.pop(call_id, None)
+            raise ApiError(404, "call_not_found", "no such call", param="call_id")
+        if not principal.may_manage(resource.owner):
+            raise ApiError(404, "call_not_found", "no such call", param="call_id")
+        return resource
+
+    def __len__(self) -> int:
+        self.prune()
+        return len(self._resources)
+
+
+RESOURCES_KEY = web.AppKey("call_resources", CallResources)
+
+
+def media_type(request: web.Request) -> str:
+    return request.content_type.lower()
+
+
+async def read_limited(request: web.Request, limit: int, what: str) -> bytes:
+    if request.content_length is not None and request.content_length > limit:
+        raise ApiError(413, "body_too_large", f"{what} is limited to {limit} bytes")
+    body = await request.read()
+    if len(body) > limit:
+        raise ApiError(413, "body_too_large", f"{what} is limited to {limit} bytes")
+    return body
+
+
+def decode_text(body: bytes, param: str) -> str:
+    try:
+        return body.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ApiError(400, "invalid_encoding", f"'{param}' must be UTF-8 text",
+                       param=param) from None
+
+
+async def read_offer(request: web.Request) -> tuple[str, SessionConfig | None]:
+    """The offer SDP and the offer-time session config (multipart only)."""
+    kind = media_type(request)
+    if kind == SDP_TYPE:
+        body = await read_limited(request, MAX_SDP_BYTES, "the SDP offer")
+        return decode_text(body, "sdp"), None
+    if kind == MULTIPART_TYPE:
+        return await read_multipart_offer(request)
+    raise ApiError(
+        415, "unsupported_media_type",
+        f"send the offer as {SDP_TYPE} or {MULTIPART_TYPE} (sdp, session)",
+        headers={"Accept-Post": f"{SDP_TYPE}, {MULTIPART_TYPE}"},
+    )
+
+
+async def read_multipart_offer(request: web.Request) -> tuple[str, SessionConfig | None]:
+    try:
+        reader = await request.multipart()
+    except Exception:
+        raise ApiError(400, "invalid_multipart", "the multipart body cannot be read") from None
+    fields: dict[str, bytes] = {}
+    limits = {"sdp": MAX_SDP_BYTES, "session": MAX_SESSION_JSON_BYTES}
+    try:
+        while (part := await reader.next()) is not None:
+            name = getattr(part, "name", None)
+            if name not in limits:
+                raise ApiError(400, "unknown_field",
+                               f"unknown form field {name!r} (expected sdp, session)")
+            if name in fields:
+                raise ApiError(400, "duplicate_field", f"form field '{name}' appears twice",
+                               param=name)
+            data = bytearray()
+            while chunk := await part.read_chunk(8192):  # type: ignore[union-attr]
+                data += chunk
+                if len(data) > limits[name]:
+                    raise ApiError(413, "body_too_large",
+                                   f"form field '{name}' is limited to {limits[name]} bytes",
+                                   param=name)
+            fields[name] = bytes(data)
+    except ApiError:
+        raise
+    except web.HTTPRequestEntityTooLarge:
+        raise
+    except Exception:
+        raise ApiError(400, "invalid_multipart", "the multipart body is malformed") from None
+    if "sdp" not in fields:
+        raise ApiError(400, "missing_sdp", "form field 'sdp' is required", param="sdp")
+    sdp = decode_text(fields["sdp"], "sdp")
+    session = None
+    if "session" in fields:
+        try:
+            obj: Any = json.loads(decode_text(fields["session"], "session"))
+        except ValueError:
+            raise ApiError(400, "invalid_json", "form field 'session' is not valid JSON",
+                           param="session") from None
+        session = session_config_from_realtime(obj, param="session")
+    return sdp, session
+
+
+def call_location(call_id: str) -> str:
+    return f"{CALLS_PATH}/{call_id}"
+
+
+async def post_call(request: web.Request) -> web.Response:
+    agent = request.app[AGENT_KEY]
+    principal = principal_of(request)
+    sdp, offered = await read_offer(request)
+    session = offered or SessionConfig()
+    bound = secret_session(request)
+    if bound is not None:
+        # The secret's bound config is what its minter allowed; the browser fills the rest.
+        session = session.merged(bound)
+    agent.check_capacity()  # refuse before spending the secret
+    principal.consume()
+    try:
+        call, answer_sdp = await agent.create_call(sdp, session)
+    except BaseException:
+        principal.release()
+        raise
+    principal.claim(call.id)
+    resource = request.app[RESOURCES_KEY].add(call.id, principal)
+    headers = {
+        "Location": call_location(call.id),
+        "ETag": resource.etag,
+        "Content-Type": SDP_TYPE,
+    }
+    response = web.Response(status=201, text=answer_sdp, headers=headers)
+    for link in link_headers(agent.settings.ice_servers):
+        response.headers.add("Link", link)
+    return response
+
+
+async def delete_call(request: web.Request) -> web.Response:
+    resource = request.app[RESOURCES_KEY].lookup(
+        request.match_info["call_id"], principal_of(request)
+    )
+    await request.app[AGENT_KEY].hangup(resource.call_id)
+    return web.json_response({"id": resource.call_id, "object": "realtime.call", "status": "ended"})
+
+
+async def hangup_call(request: web.Request) -> web.Response:
+    return await delete_call(request)
+
+
+async def patch_call(request: web.Request) -> web.Response:
+    """Trickled ICE candidates (RFC 9725 section 4.3.1)."""
+    resource = request.app[RESOURCES_KEY].lookup(
+        request.match_info["call_id"], principal_of(request)
+    )
+    if_match = request.headers.get("If-Match")
+    if if_match is not None and if_match.strip() not in ("*", resource.etag):
+        raise ApiError(412, "etag_mismatch", "If-Match does not name this call's ETag")
+    if media_type(request) != TRICKLE_TYPE:
+        raise ApiError(415, "unsupported_media_type", f"trickle candidates as {TRICKLE_TYPE}")
+    body = decode_text(await read_limited(request, MAX_SDP_BYTES, "the SDP fragment"), "sdp")
+    call = request.app[AGENT_KEY].calls.get(resource.call_id)
+    if call is None:
+        raise ApiError(404, "call_not_found", "no such call", param="call_id")
+    try:
+        fragment = parse_sdpfrag(body)
+        await apply_sdpfrag(call.pc, fragment)
+    except TrickleError as exc:
+        raise ApiError(exc.status, exc.code, exc.message) from None
+    return web.Response(status=204, headers={"ETag": resource.etag})
+
+
+def add_routes(app: web.Application) -> None:
+    app[RESOURCES_KEY] = CallResources(app[AGENT_KEY])
+    app.router.add_post(CALLS_PATH, post_call)
+    app.router.add_delete(CALLS_PATH + "/{call_id}", delete_call)
+    app.router.add_patch(CALLS_PATH + "/{call_id}", patch_call)
+    app.router.add_post(CALLS_PATH + "/{call_id}/hangup", hangup_call)
