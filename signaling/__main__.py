@@ -15,6 +15,7 @@ from agent.plugins.base import PluginError, PluginOptions
 from agent.plugins.registry import available_plugins, load_plugin
 from agent.rtc_tuning import limit_host_addresses
 
+from . import auth, cors, ice
 from .app import create_app
 
 log = logging.getLogger("signaling")
@@ -56,11 +57,15 @@ def build_parser() -> argparse.ArgumentParser:
                        help="gather ICE host candidates only on this address (repeatable; "
                        "default: every interface; 127.0.0.1 keeps calls on loopback)")
     parser.add_argument("--log-level", default="INFO")
+    auth.add_arguments(parser)
+    ice.add_arguments(parser)
+    cors.add_arguments(parser)
     return parser
 
 
 def settings_from_args(args: argparse.Namespace) -> AgentSettings:
     return AgentSettings(
+        ice_servers=ice.ice_servers_from_args(args),
         jitter_prefetch_packets=max(0, args.jitter_buffer),
         codecs=tuple(c.strip() for c in args.codecs.split(",") if c.strip()),
         max_calls=args.max_sessions,
@@ -93,9 +98,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.ice_host:
         limit_host_addresses(args.ice_host)
     agent = MediaAgent(plugin, settings_from_args(args))
-    app = create_app(agent)
-    if args.host not in ("127.0.0.1", "localhost", "::1"):
-        log.warning("listening on %s without authentication", args.host)
+    auth_settings = auth.settings_from_args(args)
+    app = create_app(agent, auth=auth_settings, cors_origins=cors.origins_from_args(args))
+    if auth_settings.open:
+        if args.host in ("127.0.0.1", "localhost", "::1"):
+            log.warning("no --api-key: the server is open to anyone who can reach %s "
+                        "(loopback only)", args.host)
+        else:
+            log.warning("no --api-key: listening on %s WITHOUT authentication", args.host)
+    else:
+        log.info("API key required (%d key(s)); ephemeral secrets last %g s by default",
+                 len(auth_settings.api_keys), auth_settings.secret_ttl_seconds)
     log.info("serving plugin %s on http://%s:%d", plugin.id, args.host, args.port)
     web.run_app(app, host=args.host, port=args.port, print=None, handle_signals=True)
     log.info("stopped")
