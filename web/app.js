@@ -1,0 +1,597 @@
+// The voice-call page: wires the form, the call, the audio graph and the panels together.
+
+import { AudioGraph } from "./audio-graph.js";
+import { CallFailure, VoiceCall } from "./call.js";
+import { parseIceServers, parseModels, secretFromTokenResponse, settingsFromQuery } from "./config.js";
+import {
+  connectionFailure,
+  httpFailure,
+  mediaFailure,
+  serverEnded,
+  sessionError,
+  tokenFailure,
+} from "./failures.js";
+import { MeterBallistics } from "./levels.js";
+import { CallRecording, RECORDING_MODES } from "./recorder.js";
+import { activeSession, lockedFields, pendingUpdate, sessionFromForm, sessionUpdateEvent } from "./session.js";
+import { formatStats, summarizeStats } from "./stats.js";
+import { Transcript } from "./transcript.js";
+
+const STATS_INTERVAL_MS = 1000;
+const $ = (id) => document.getElementById(id);
+
+const ui = {
+  agentInfo: $("agent-info"),
+  call: $("call"),
+  hangup: $("hangup"),
+  status: $("status"),
+  error: $("error"),
+  inputLevel: $("input-level"),
+  outputLevel: $("output-level"),
+  transcript: $("transcript"),
+  mic: $("mic"),
+  voice: $("voice"),
+  voiceNote: $("voice-note"),
+  persona: $("persona"),
+  personaNote: $("persona-note"),
+  applySession: $("apply-session"),
+  echoCancellation: $("echo-cancellation"),
+  noiseSuppression: $("noise-suppression"),
+  autoGain: $("auto-gain"),
+  tokenUrl: $("token-url"),
+  recordMode: $("record-mode"),
+  record: $("record"),
+  download: $("download"),
+  recordStatus: $("record-status"),
+  stats: $("stats"),
+  audio: $("agent-audio"),
+};
+
+const state = {
+  phase: "idle", // idle | starting | connected | ending
+  call: null,
+  micStream: null,
+  graph: null,
+  model: null, // what GET /v1/models said, if anything
+  active: null, // what session.created / session.updated said
+  endReason: null, // from a call.ending event
+  transcript: new Transcript(),
+  statsTimer: null,
+  lastStats: null,
+  meterFrame: null,
+  recording: null,
+  recordingUrl: null,
+  timings: {},
+};
+
+const meters = { mic: new MeterBallistics(), agent: new MeterBallistics() };
+
+// -- messages -------------------------------------------------------------------------------
+
+function setStatus(text) {
+  ui.status.textContent = text;
+}
+
+function showError(failure) {
+  ui.error.textContent = failure.message;
+  ui.error.dataset.code = failure.code;
+  ui.error.hidden = false;
+}
+
+function clearError() {
+  ui.error.hidden = true;
+  ui.error.textContent = "";
+  delete ui.error.dataset.code;
+}
+
+// -- server discovery -----------------------------------------------------------------------
+
+function authHeaders(secret) {
+  return secret ? { Authorization: `Bearer ${secret}` } : {};
+}
+
+async function getJson(path, secret) {
+  const response = await fetch(path, { headers: authHeaders(secret) });
+  let body = null;
+  try {
+    body = await response.json();
+  } catch {
+    body = null;
+  }
+  return { status: response.status, body };
+}
+
+async function fetchSecret(session) {
+  const url = ui.tokenUrl.value.trim();
+  if (!url) return null;
+  let response;
+  try {
+    response = await fetch(url, {
+      method: "POST",
+      headers: { "Content-Type": "application/json" },
+      body: JSON.stringify(session ? { session } : {}),
+    });
+  } catch {
+    throw new CallFailure(tokenFailure(0, null));
+  }
+  const text = await response.text();
+  let body = text;
+  try {
+    body = JSON.parse(text);
+  } catch {
+    // plain-text secrets are allowed
+  }
+  if (!response.ok) throw new CallFailure(tokenFailure(response.status, body));
+  const secret = secretFromTokenResponse(body);
+  if (!secret) throw new CallFailure(tokenFailure(200, body));
+  return secret;
+}
+
+function describeModel(model) {
+  if (!model) return "Agent ready.";
+  const parts = [`Agent: ${model.id}`];
+  if (model.voices.length) parts.push(`${model.voices.length} voice${model.voices.length > 1 ? "s" : ""}`);
+  return parts.join(" · ");
+}
+
+function fillVoices(model) {
+  const keep = ui.voice.value;
+  ui.voice.replaceChildren(new Option("Agent's default", ""));
+  for (const voice of model?.voices ?? []) {
+    const label = voice === model.defaultVoice ? `${voice} (default)` : voice;
+    ui.voice.add(new Option(label, voice));
+  }
+  const wanted = settingsFromQuery(location.search).voice ?? keep;
+  if (wanted && [...ui.voice.options].some((o) => o.value === wanted)) ui.voice.value = wanted;
+  if (!model?.voices.length) {
+    ui.voiceNote.textContent = "This agent offers no voices to choose from.";
+    ui.voiceNote.hidden = false;
+  } else {
+    ui.voiceNote.hidden = true;
+  }
+  if (model?.defaultInstructions && !ui.persona.value) ui.persona.placeholder = model.defaultInstructions;
+  updateFieldLocks();
+}
+
+async function loadServerInfo() {
+  let secret = null;
+  try {
+    let result = await getJson("/v1/models");
+    if ((result.status === 401 || result.status === 403) && ui.tokenUrl.value.trim()) {
+      secret = await fetchSecret(null);
+      result = await getJson("/v1/models", secret);
+    }
+    if (result.status === 401 || result.status === 403) {
+      ui.agentInfo.textContent = "This agent needs authorization: set a token URL under Settings.";
+      return;
+    }
+    state.model = result.status === 200 ? parseModels(result.body) : null;
+    ui.agentInfo.textContent = state.model ? describeModel(state.model) : "Agent ready (it does not list its voices).";
+  } catch {
+    ui.agentInfo.textContent = "Agent ready (it does not list its voices).";
+  }
+  fillVoices(state.model);
+}
+
+async function iceServers(secret) {
+  try {
+    const result = await getJson("/v1/realtime/config", secret);
+    return result.status === 200 ? parseIceServers(result.body) : [];
+  } catch {
+    return []; // host candidates still work on a LAN or loopback
+  }
+}
+
+// -- microphone -----------------------------------------------------------------------------
+
+function micConstraints() {
+  const audio = {
+    echoCancellation: ui.echoCancellation.checked,
+    noiseSuppression: ui.noiseSuppression.checked,
+    autoGainControl: ui.autoGain.checked,
+    channelCount: 1,
+  };
+  if (ui.mic.value) audio.deviceId = { exact: ui.mic.value };
+  return { audio, video: false };
+}
+
+async function refreshMicrophones() {
+  if (!navigator.mediaDevices?.enumerateDevices) return;
+  const devices = await navigator.mediaDevices.enumerateDevices();
+  const inputs = devices.filter((d) => d.kind === "audioinput" && d.deviceId && d.deviceId !== "default");
+  const selected = ui.mic.value;
+  ui.mic.replaceChildren(new Option("Default microphone", ""));
+  inputs.forEach((device, index) => {
+    ui.mic.add(new Option(device.label || `Microphone ${index + 1}`, device.deviceId));
+  });
+  if ([...ui.mic.options].some((o) => o.value === selected)) ui.mic.value = selected;
+}
+
+async function openMicrophone() {
+  if (!navigator.mediaDevices?.getUserMedia) {
+    throw new CallFailure(mediaFailure({ name: "TypeError", message: "" }));
+  }
+  try {
+    return await navigator.mediaDevices.getUserMedia(micConstraints());
+  } catch (error) {
+    throw new CallFailure(mediaFailure(error));
+  }
+}
+
+/** Mid-call microphone or processing change: a fresh track replaces the sent one. */
+async function reopenMicrophone() {
+  if (state.phase !== "connected" || !state.call?.pc) return;
+  let stream;
+  try {
+    stream = await openMicrophone();
+  } catch (failure) {
+    showError(failure);
+    return;
+  }
+  const sender = state.call.pc.getSenders().find((s) => s.track?.kind === "audio" || s.track === null);
+  await sender?.replaceTrack(stream.getAudioTracks()[0]);
+  state.micStream?.getTracks().forEach((t) => t.stop());
+  state.micStream = stream;
+  state.graph?.setMicStream(stream);
+  setStatus("Connected. Microphone settings applied.");
+}
+
+// -- the call -------------------------------------------------------------------------------
+
+function setPhase(phase) {
+  state.phase = phase;
+  document.body.dataset.phase = phase;
+  const inCall = phase !== "idle";
+  ui.call.disabled = inCall;
+  ui.hangup.disabled = !inCall || phase === "ending";
+  ui.record.disabled = phase !== "connected";
+  ui.tokenUrl.disabled = inCall;
+  updateFieldLocks();
+}
+
+function updateFieldLocks() {
+  const inCall = state.phase !== "idle";
+  const locks = inCall ? lockedFields(state.active?.capabilities) : { voice: false, instructions: false };
+  const noVoices = !state.model?.voices.length;
+  ui.voice.disabled = locks.voice || noVoices;
+  ui.persona.disabled = locks.instructions;
+  ui.persona.readOnly = false;
+  const lockedNote = "Locked: this agent cannot change it during a call.";
+  if (inCall && state.active && locks.instructions) {
+    ui.personaNote.textContent = lockedNote;
+    ui.personaNote.hidden = false;
+  } else {
+    ui.personaNote.hidden = true;
+  }
+  if (inCall && state.active && locks.voice && !noVoices) {
+    ui.voiceNote.textContent = lockedNote;
+    ui.voiceNote.hidden = false;
+  } else if (!noVoices) {
+    ui.voiceNote.hidden = true;
+  }
+  ui.applySession.hidden = !(state.phase === "connected" && state.active && (!locks.voice || !locks.instructions));
+}
+
+function formFields() {
+  return { voice: ui.voice.value || null, instructions: ui.persona.value };
+}
+
+async function startCall() {
+  if (state.phase !== "idle") return;
+  clearError();
+  state.timings = { pressedAt: performance.now() };
+  state.endReason = null;
+  state.active = null;
+  state.transcript.clear();
+  renderTranscript();
+  setPhase("starting");
+  ui.hangup.focus();
+  try {
+    state.graph ??= new AudioGraph();
+    await state.graph.resume();
+    setStatus("Opening the microphone…");
+    state.micStream = await openMicrophone();
+    refreshMicrophones().catch(() => {});
+    state.graph.setMicStream(state.micStream);
+    startMeters();
+    const session = sessionFromForm(formFields());
+    let secret = null;
+    if (ui.tokenUrl.value.trim()) {
+      setStatus("Getting a call token…");
+      secret = await fetchSecret(session);
+    }
+    if (state.phase !== "starting") return;
+    setStatus("Connecting…");
+    const call = new VoiceCall({
+      baseUrl: location.href,
+      iceServers: await iceServers(secret),
+      secret,
+      session,
+    });
+    state.call = call;
+    call.addEventListener("state", (event) => onConnectionState(call, event.detail));
+    call.addEventListener("track", (event) => onAgentStream(event.detail));
+    call.addEventListener("server-event", (event) => onServerEvent(event.detail));
+    call.addEventListener("channel-close", () => onServerGone(call));
+    await call.start(state.micStream.getAudioTracks()[0], state.micStream);
+    state.timings.answeredAt = performance.now();
+    startStatsPolling();
+  } catch (error) {
+    if (state.phase === "idle") return; // hung up while starting
+    const failure = error instanceof CallFailure
+      ? error
+      : { code: "call_failed", message: `The call could not start: ${error?.message ?? error}` };
+    showError(failure);
+    await finishCall(failure.code === "server_full" ? "Busy." : "Call failed.");
+  }
+}
+
+function onConnectionState(call, connectionState) {
+  if (call !== state.call) return;
+  if (connectionState === "connected") {
+    state.timings.connectedAt ??= performance.now();
+    if (state.phase === "starting") setPhase("connected");
+    setStatus("Connected. Talk to the agent.");
+  } else if (connectionState === "disconnected") {
+    setStatus("Connection interrupted; waiting for it to recover…");
+  } else if (connectionState === "failed") {
+    if (state.endReason) {
+      onServerGone(call);
+      return;
+    }
+    showError(connectionFailure("failed"));
+    finishCall("Call failed.");
+  } else if (connectionState === "closed" && !call.closed) {
+    onServerGone(call);
+  }
+}
+
+function onServerGone(call) {
+  if (call !== state.call || call.closed) return;
+  showError(serverEnded(state.endReason?.reason, state.endReason?.message));
+  finishCall("Call ended by the agent.");
+}
+
+function onAgentStream(stream) {
+  ui.audio.srcObject = stream;
+  ui.audio.play().catch(() => {
+    setStatus("Connected, but the browser blocked playback: click anywhere on the page.");
+  });
+  state.graph?.setAgentStream(stream);
+}
+
+function onServerEvent(event) {
+  if (state.transcript.apply(event)) renderTranscript();
+  switch (event.type) {
+    case "session.created":
+    case "session.updated": {
+      state.active = activeSession(event);
+      updateFieldLocks();
+      if (event.type === "session.created") {
+        const update = pendingUpdate(formFields(), state.active);
+        if (update) state.call?.send(update);
+      } else {
+        setStatus("Connected. Session updated.");
+      }
+      break;
+    }
+    case "output_audio_buffer.started":
+      state.timings.firstAgentSpeechEventAt ??= performance.now();
+      break;
+    case "call.ending":
+      state.endReason = { reason: event.reason ?? null, message: event.message ?? null };
+      break;
+    case "error":
+      showError(sessionError(event));
+      break;
+    default:
+      break;
+  }
+}
+
+async function hangUp() {
+  if (state.phase === "idle" || state.phase === "ending") return;
+  const call = state.call;
+  setPhase("ending");
+  setStatus("Hanging up…");
+  let deleteStatus = null;
+  if (call) deleteStatus = await call.hangup();
+  if (deleteStatus !== null && deleteStatus >= 400 && deleteStatus !== 404) {
+    // The peer connection is closed either way; the server ends a call whose media stops.
+    showError(httpFailure(deleteStatus, null));
+  }
+  await finishCall("Call ended.");
+}
+
+async function finishCall(statusText) {
+  const call = state.call;
+  state.call = null;
+  call?.close();
+  stopStatsPolling();
+  if (state.recording && state.graph?.capture) await stopRecording();
+  state.micStream?.getTracks().forEach((t) => t.stop());
+  state.micStream = null;
+  state.graph?.setMicStream(null);
+  state.graph?.setAgentStream(null);
+  ui.audio.srcObject = null;
+  stopMeters();
+  state.active = null;
+  setPhase("idle");
+  setStatus(statusText);
+  if (document.activeElement === ui.hangup || document.activeElement === document.body) ui.call.focus();
+}
+
+// -- panels ---------------------------------------------------------------------------------
+
+function renderTranscript() {
+  const entries = state.transcript.entries;
+  if (!entries.length) {
+    ui.transcript.replaceChildren(Object.assign(document.createElement("p"), {
+      className: "muted placeholder",
+      textContent: "What the agent says appears here.",
+    }));
+    return;
+  }
+  const nodes = entries.map((entry) => {
+    const p = document.createElement("p");
+    p.textContent = entry.text;
+    p.className = entry.interrupted ? "interrupted" : entry.done ? "" : "live";
+    return p;
+  });
+  ui.transcript.replaceChildren(...nodes);
+  ui.transcript.scrollTop = ui.transcript.scrollHeight;
+}
+
+function renderStats(summary, connectionState) {
+  const rows = formatStats(summary, connectionState);
+  const nodes = [];
+  for (const [label, value] of rows) {
+    const dt = document.createElement("dt");
+    dt.textContent = label;
+    const dd = document.createElement("dd");
+    dd.textContent = value;
+    dd.dataset.stat = label.toLowerCase().replace(/\s+/g, "-");
+    nodes.push(dt, dd);
+  }
+  ui.stats.replaceChildren(...nodes);
+}
+
+async function pollStats() {
+  const pc = state.call?.pc;
+  if (!pc) return;
+  const report = await pc.getStats();
+  const summary = summarizeStats([...report.values()], state.lastStats);
+  state.lastStats = summary;
+  if (summary.bytesReceived > 0) state.timings.firstBytesAt ??= performance.now();
+  renderStats(summary, pc.connectionState);
+}
+
+function startStatsPolling() {
+  stopStatsPolling();
+  state.lastStats = null;
+  pollStats().catch(() => {});
+  state.statsTimer = setInterval(() => pollStats().catch(() => {}), STATS_INTERVAL_MS);
+}
+
+function stopStatsPolling() {
+  if (state.statsTimer !== null) clearInterval(state.statsTimer);
+  state.statsTimer = null;
+  renderStats(state.lastStats, "closed");
+}
+
+function startMeters() {
+  if (state.meterFrame !== null) return;
+  const tick = (now) => {
+    const seconds = now / 1000;
+    const graph = state.graph;
+    ui.inputLevel.value = meters.mic.update(graph ? graph.level("mic") : 0, seconds);
+    const agentLevel = graph ? graph.level("agent") : 0;
+    if (agentLevel > 0.2) state.timings.firstAgentAudioAt ??= performance.now();
+    ui.outputLevel.value = meters.agent.update(agentLevel, seconds);
+    state.meterFrame = requestAnimationFrame(tick);
+  };
+  state.meterFrame = requestAnimationFrame(tick);
+}
+
+function stopMeters() {
+  if (state.meterFrame !== null) cancelAnimationFrame(state.meterFrame);
+  state.meterFrame = null;
+  ui.inputLevel.value = 0;
+  ui.outputLevel.value = 0;
+}
+
+// -- recording ------------------------------------------------------------------------------
+
+async function startRecording() {
+  if (!state.graph || state.phase !== "connected") return;
+  state.recording = new CallRecording(state.graph.sampleRate);
+  const recording = state.recording;
+  await state.graph.startCapture((caller, agent) => recording.append(caller, agent));
+  ui.record.textContent = "Stop recording";
+  ui.record.setAttribute("aria-pressed", "true");
+  ui.recordStatus.textContent = "Recording both sides…";
+}
+
+async function stopRecording() {
+  await state.graph?.stopCapture();
+  ui.record.textContent = "Start recording";
+  ui.record.setAttribute("aria-pressed", "false");
+  publishRecording();
+}
+
+function publishRecording() {
+  const recording = state.recording;
+  if (!recording) return;
+  if (state.recordingUrl) URL.revokeObjectURL(state.recordingUrl);
+  const mode = ui.recordMode.value === RECORDING_MODES.stereo ? RECORDING_MODES.stereo : RECORDING_MODES.mixed;
+  const blob = new Blob([recording.toWav(mode)], { type: "audio/wav" });
+  state.recordingUrl = URL.createObjectURL(blob);
+  const stamp = new Date().toISOString().slice(0, 19).replace(/[:T]/g, "-");
+  ui.download.href = state.recordingUrl;
+  ui.download.download = `call-${stamp}-${mode}.wav`;
+  ui.download.hidden = false;
+  ui.recordStatus.textContent =
+    `Recorded ${recording.seconds.toFixed(1)} s (${mode === "stereo" ? "two channels" : "mixed"}).` +
+    (recording.truncated ? " The recording hit its length limit." : "");
+}
+
+async function toggleRecording() {
+  ui.record.disabled = true;
+  try {
+    if (state.graph?.capture) await stopRecording();
+    else await startRecording();
+  } catch (error) {
+    showError({ code: "recording_failed", message: `Recording failed: ${error?.message ?? error}` });
+  } finally {
+    ui.record.disabled = state.phase !== "connected";
+  }
+}
+
+// -- start ----------------------------------------------------------------------------------
+
+function init() {
+  const query = settingsFromQuery(location.search);
+  if (query.tokenUrl) ui.tokenUrl.value = query.tokenUrl;
+  if (query.instructions) ui.persona.value = query.instructions;
+  for (const [box, name] of [
+    [ui.echoCancellation, "echo_cancellation"],
+    [ui.noiseSuppression, "noise_suppression"],
+    [ui.autoGain, "auto_gain"],
+  ]) {
+    const value = new URLSearchParams(location.search).get(name);
+    if (value === "0" || value === "false") box.checked = false;
+  }
+  ui.call.addEventListener("click", startCall);
+  ui.hangup.addEventListener("click", hangUp);
+  ui.record.addEventListener("click", toggleRecording);
+  ui.recordMode.addEventListener("change", () => {
+    if (state.recording && !state.graph?.capture) publishRecording();
+  });
+  ui.applySession.addEventListener("click", () => {
+    if (state.call?.send(sessionUpdateEvent(formFields()))) setStatus("Connected. Updating the session…");
+  });
+  ui.mic.addEventListener("change", reopenMicrophone);
+  for (const box of [ui.echoCancellation, ui.noiseSuppression, ui.autoGain]) {
+    box.addEventListener("change", reopenMicrophone);
+  }
+  ui.tokenUrl.addEventListener("change", () => loadServerInfo());
+  document.getElementById("settings").addEventListener("submit", (event) => event.preventDefault());
+  navigator.mediaDevices?.addEventListener?.("devicechange", () => refreshMicrophones().catch(() => {}));
+  window.addEventListener("pagehide", () => state.call?.hangup());
+  renderStats(null, "idle");
+  setPhase("idle");
+  refreshMicrophones().catch(() => {});
+  loadServerInfo();
+}
+
+// A read-only handle for tests, benchmarks and curious developers (devtools console).
+window.voiceApp = {
+  get phase() { return state.phase; },
+  get call() { return state.call; },
+  get stats() { return state.lastStats; },
+  get timings() { return { ...state.timings }; },
+  get recording() { return state.recording; },
+  get transcript() { return state.transcript.text; },
+};
+
+init();
