@@ -40,6 +40,9 @@ def build_parser() -> argparse.ArgumentParser:
     model.add_argument("--upstream", action="append", default=[],
                        help="remote engine URL (repeatable; vllm-omni, moshi-server)")
     model.add_argument("--model", default=None, help="model name to ask a remote engine for")
+    model.add_argument("--upstream-capacity", type=int, default=None, metavar="CALLS",
+                       help="concurrent calls per --upstream (default: vllm-omni unlimited, "
+                       "moshi-server 1)")
     calls = parser.add_argument_group("calls")
     calls.add_argument("--max-sessions", type=int, default=0,
                        help="concurrent calls admitted (0 = unlimited)")
@@ -82,6 +85,7 @@ def plugin_options_from_args(args: argparse.Namespace) -> PluginOptions:
         model_dir=args.model_dir, device=args.device, dtype=args.dtype,
         max_sessions=args.max_sessions, voice=args.voice,
         upstreams=tuple(args.upstream), model=args.model,
+        extra={"upstream_capacity": args.upstream_capacity},
     )
 
 
