@@ -1,0 +1,224 @@
+"""The shared half of the remote-engine plugins: pool, per-call links, the batched step.
+
+A link is opened in `prepare_runtime_config` (on the event loop, so the offer gets a 503 when
+every engine is full) and parked under a token in `RuntimeConfig.options`; `create_session`
+(ticker thread) claims it. A parked link that nobody claims — the offer failed after the
+engine session opened — is closed after `claim_timeout` seconds so no engine seat leaks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+import threading
+from collections.abc import Sequence
+from typing import Any, ClassVar
+
+import aiohttp
+import numpy as np
+
+from ..base import (
+    Capabilities,
+    Plugin,
+    PluginError,
+    PluginOptions,
+    PluginSession,
+    RuntimeConfig,
+    SessionConfig,
+    StepOutput,
+)
+from .link import LinkRequest, LinkSettings, UpstreamError, UpstreamLink
+from .pool import UpstreamPool
+
+log = logging.getLogger(__name__)
+
+LINK_TOKEN = "upstream_link"
+SAMPLE_RATE = 24000
+FRAME_SIZE = 1920
+CLAIM_TIMEOUT_SECONDS = 30.0
+
+
+class RemoteSession(PluginSession):
+    def __init__(self, config: RuntimeConfig, link: UpstreamLink) -> None:
+        super().__init__(config)
+        self.link = link
+
+    def stats(self) -> dict[str, Any]:
+        return self.link.stats()
+
+
+class RemotePlugin(Plugin):
+    link_class: ClassVar[type[UpstreamLink]]
+    default_capacity: ClassVar[int] = 0  # per upstream; 0 = unlimited
+
+    def __init__(
+        self,
+        upstreams: Sequence[str],
+        *,
+        capacity: int | None = None,
+        model: str | None = None,
+        voice: str | None = None,
+        settings: LinkSettings | None = None,
+        pool: UpstreamPool | None = None,
+        claim_timeout: float = CLAIM_TIMEOUT_SECONDS,
+    ) -> None:
+        self.pool = pool or UpstreamPool(
+            upstreams, self.default_capacity if capacity is None else capacity
+        )
+        self.model = model
+        self.voice = voice
+        self.settings = settings or LinkSettings()
+        self.claim_timeout = claim_timeout
+        self._capabilities = Capabilities(
+            sample_rate=SAMPLE_RATE, frame_size=FRAME_SIZE,
+            max_sessions=self.pool.total_capacity, emits_text=True, default_voice=voice,
+        )
+        self._http: aiohttp.ClientSession | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._parked: dict[str, UpstreamLink] = {}
+        self._parked_lock = threading.Lock()  # create_session claims on the ticker thread
+        self._links: set[UpstreamLink] = set()
+        self._closers: set[asyncio.Task[None]] = set()
+
+    @classmethod
+    def from_options(cls, options: PluginOptions) -> RemotePlugin:
+        capacity = options.extra.get("upstream_capacity")
+        return cls(
+            options.upstreams, capacity=capacity, model=options.model, voice=options.voice
+        )
+
+    def capabilities(self) -> Capabilities:
+        return self._capabilities
+
+    def health(self) -> dict[str, Any]:
+        return {"upstreams": self.pool.describe()}
+
+    async def start(self) -> None:
+        self._ensure_started()
+
+    def _ensure_started(self) -> aiohttp.ClientSession:
+        if self._http is None or self._http.closed:
+            self._loop = asyncio.get_running_loop()
+            self._http = aiohttp.ClientSession()
+        return self._http
+
+    async def close(self) -> None:
+        with self._parked_lock:
+            parked, self._parked = list(self._parked.values()), {}
+        for link in parked:
+            self._close_link(link)
+        for link in list(self._links):
+            self._close_link(link)
+        if self._closers:
+            await asyncio.gather(*list(self._closers), return_exceptions=True)
+        if self._http is not None:
+            await self._http.close()
+            self._http = None
+
+    # -- event loop -------------------------------------------------------------------------
+
+    async def prepare_runtime_config(self, session_config: SessionConfig) -> RuntimeConfig:
+        self.check_extra_body(session_config.extra_body, frozenset())
+        request = LinkRequest(
+            voice=session_config.voice or self.voice,
+            instructions=session_config.instructions,
+            model=self.model,
+        )
+        link = await self._open_link(request)
+        token = secrets.token_urlsafe(12)
+        with self._parked_lock:
+            self._parked[token] = link
+        assert self._loop is not None
+        self._loop.call_later(self.claim_timeout, self._expire_parked, token)
+        return RuntimeConfig(
+            voice=request.voice, instructions=request.instructions,
+            options={LINK_TOKEN: token, "upstream": link.url},
+        )
+
+    async def _open_link(self, request: LinkRequest) -> UpstreamLink:
+        http = self._ensure_started()
+        last_error: UpstreamError | None = None
+        for _ in range(2 * len(self.pool.upstreams)):
+            try:
+                lease = self.pool.acquire()
+            except PluginError:
+                if last_error is not None:
+                    raise last_error from None
+                raise
+            link = self.link_class(lease, self.settings, SAMPLE_RATE, FRAME_SIZE)
+            try:
+                await link.open(http, request)
+            except UpstreamError as exc:
+                lease.release()
+                if exc.pool_effect is None:
+                    raise  # the engine refused this session itself: another would too
+                if exc.pool_effect == "full":
+                    self.pool.mark_full(lease.upstream)
+                else:
+                    self.pool.mark_failed(lease.upstream, exc.code)
+                log.warning("upstream %s: %s: %s", lease.url, exc.code, exc.message)
+                last_error = exc
+                continue
+            except BaseException:
+                lease.release()
+                raise
+            self.pool.mark_ok(lease.upstream)
+            self._links.add(link)
+            log.info("upstream %s session %s opened", lease.url, link.upstream_session_id)
+            return link
+        assert last_error is not None
+        raise last_error
+
+    def _expire_parked(self, token: str) -> None:
+        with self._parked_lock:
+            link = self._parked.pop(token, None)
+        if link is not None:
+            log.warning("upstream %s: session never claimed by a call; closing it", link.url)
+            self._close_link(link)
+
+    def _close_link(self, link: UpstreamLink) -> None:
+        """Start closing a link; `close` waits for every one started (loop)."""
+        async def close() -> None:
+            try:
+                await link.close()
+            finally:
+                self._links.discard(link)
+
+        task = asyncio.ensure_future(close())
+        task.set_name(f"upstream:{link.url}:close")
+        self._closers.add(task)
+        task.add_done_callback(self._closers.discard)
+
+    # -- ticker thread ----------------------------------------------------------------------
+
+    def create_session(self, config: RuntimeConfig) -> RemoteSession:
+        token = config.options.get(LINK_TOKEN)
+        with self._parked_lock:
+            link = self._parked.pop(token, None) if isinstance(token, str) else None
+        if link is None:
+            raise PluginError(
+                "upstream_session_expired",
+                "the model server session was not claimed in time; call again", status=503,
+            )
+        return RemoteSession(config, link)
+
+    def close_session(self, session: PluginSession) -> None:
+        assert isinstance(session, RemoteSession)
+        if self._loop is not None:
+            try:
+                self._loop.call_soon_threadsafe(self._close_link, session.link)
+            except RuntimeError:  # loop already closed
+                pass
+
+    def restart_session(self, session: PluginSession) -> None:
+        # An engine session cannot be sent back to its prompt: drop what is queued to play.
+        assert isinstance(session, RemoteSession)
+        session.link.restart()
+
+    def step(self, batch: Sequence[tuple[PluginSession, np.ndarray]]) -> list[StepOutput]:
+        outputs = []
+        for session, frame in batch:
+            assert isinstance(session, RemoteSession)
+            outputs.append(session.link.exchange(frame))
+        return outputs
