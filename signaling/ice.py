@@ -1,7 +1,8 @@
 """ICE servers: the `--ice-server` flags, `Link` headers (RFC 9725) and `GET /v1/realtime/config`.
 
 The same list configures the agent's own peer connections (so it gathers srflx/relay
-candidates) and is advertised to callers. The default is no ICE server at all: host
+candidates) and is advertised to callers; aiortc itself uses the first STUN and the first
+TURN URL of the list. The default is no ICE server at all: host
 candidates only, because a STUN lookup on a closed network stalls every answer.
 """
 
@@ -13,10 +14,22 @@ from typing import Any
 
 from aiohttp import web
 from aiortc import RTCIceServer
+from aiortc.rtcicetransport import parse_stun_turn_uri
 
 from .keys import AGENT_KEY
 
 ICE_SCHEMES = ("stun:", "stuns:", "turn:", "turns:")
+
+
+def url_problem(url: str) -> str | None:
+    """Why aiortc would refuse this STUN/TURN URL (it would fail every call), or None."""
+    if not url.startswith(ICE_SCHEMES):
+        return f"must start with one of {', '.join(ICE_SCHEMES)}"
+    try:
+        parse_stun_turn_uri(url)
+    except ValueError as exc:
+        return str(exc)
+    return None
 
 
 def _quote(value: str) -> str:
@@ -83,8 +96,9 @@ class _IceServerAction(argparse.Action):
     def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
                  values: Any, option_string: str | None = None) -> None:
         url = str(values)
-        if not url.startswith(ICE_SCHEMES):
-            parser.error(f"--ice-server {url!r}: must start with one of {', '.join(ICE_SCHEMES)}")
+        problem = url_problem(url)
+        if problem:
+            parser.error(f"--ice-server {url!r}: {problem}")
         entries = list(getattr(namespace, self.dest) or [])
         entries.append({"urls": url, "username": None, "credential": None})
         setattr(namespace, self.dest, entries)

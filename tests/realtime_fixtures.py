@@ -132,7 +132,7 @@ class RealtimeClient:
                    ) -> aiohttp.ClientResponse:
         url = self.base_url + CALLS
         if multipart or session is not None:
-            form = aiohttp.FormData()
+            form = aiohttp.FormData(default_to_multipart=True)
             form.add_field("sdp", sdp)
             if session is not None:
                 form.add_field("session", json.dumps(session))

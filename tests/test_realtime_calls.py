@@ -51,3 +51,128 @@ async def test_sdp_call_full_flow(start_agent: AgentFactory,
             assert (await response.json())["error"]["code"] == "call_not_found"
     assert client.call_id not in running.agent.calls
     await wait_until(lambda: all_freed(running))
+
+
+async def test_multipart_offer_applies_session_before_first_frame(
+    start_agent: AgentFactory, realtime_clients: list[RealtimeClient]
+) -> None:
+    running = await start_agent()
+    client = RealtimeClient(running.url)
+    realtime_clients.append(client)
+    await client.call({"type": "realtime", "instructions": "you are a parrot",
+                       "audio": {"output": {"voice": "verse"}},
+                       "extra_body": {"delay_frames": 5}}, multipart=True)
+    created = await client.wait_event("session.created")
+    assert created["session"]["instructions"] == "you are a parrot"
+    assert created["session"]["voice"] == "verse"
+    call = running.agent.calls[client.call_id]
+    assert call.ticked is not None and call.ticked.config.options["delay_frames"] == 5
+
+    await client.wait_audio(2.0)
+    sent = client.signal[: client.source.position]
+    echo = measure_echo(sent, client.recording.samples(), PEER_RATE)
+    # 5 frames of 80 ms delay line on top of the transport: the echo comes back > 400 ms late.
+    assert echo.correlation > 0.5
+    assert echo.lag_seconds + (client.recording.first_at - client.source.started_at) > 0.4
+
+    async with aiohttp.ClientSession() as http:
+        async with http.post(running.url + client.location + "/hangup") as response:
+            assert response.status == 200
+    await wait_until(lambda: all_freed(running))
+
+
+async def test_multipart_refused_session_is_a_coded_400(start_agent: AgentFactory) -> None:
+    running = await start_agent()
+    client = RealtimeClient(running.url)
+    try:
+        sdp = await client.offer_sdp()
+        async with aiohttp.ClientSession() as http:
+            response = await client.post(http, sdp, {"extra_body": {"delay_frames": "x"}})
+            async with response:
+                assert response.status == 400
+                error = (await response.json())["error"]
+                assert error["code"] == "invalid_option"
+                assert error["param"] == "extra_body.delay_frames"
+    finally:
+        await client.close()
+    assert all_freed(running)
+
+
+async def test_trickled_candidates_connect_the_call(
+    start_agent: AgentFactory, realtime_clients: list[RealtimeClient]
+) -> None:
+    running = await start_agent()
+    client = RealtimeClient(running.url)
+    realtime_clients.append(client)
+    # The offer carries no candidates at all: the call connects only through the PATCH.
+    await client.call(trickle=True)
+    await client.wait_audio(1.0)
+    async with aiohttp.ClientSession() as http:
+        async with http.delete(running.url + client.location) as response:
+            assert response.status == 200
+    await wait_until(lambda: all_freed(running))
+
+
+async def test_link_headers_and_config_advertise_ice_servers(start_agent: AgentFactory,
+                                                             realtime_clients: list[RealtimeClient]
+                                                             ) -> None:
+    from aiortc import RTCIceServer
+    from agent.media_agent import AgentSettings
+
+    # A TURN server nobody answers on costs the agent its gathering time, so advertise STUN
+    # on a closed loopback port: aioice gives up on it quickly.
+    servers = [RTCIceServer(urls="stun:127.0.0.1:9")]
+    running = await start_agent(settings=AgentSettings(ice_servers=servers))
+    async with aiohttp.ClientSession() as http:
+        async with http.get(running.url + "/v1/realtime/config") as response:
+            assert response.status == 200
+            config = await response.json()
+    assert config["ice_servers"] == [{"urls": ["stun:127.0.0.1:9"]}]
+    assert config["calls_url"] == CALLS
+    client = RealtimeClient(running.url)
+    realtime_clients.append(client)
+    await client.call()
+    assert client.response_headers.getall("Link") == [
+        '<stun:127.0.0.1:9>; rel="ice-server"'
+    ]
+
+
+async def test_models_list_names_the_plugin(start_agent: AgentFactory) -> None:
+    running = await start_agent()
+    async with aiohttp.ClientSession() as http:
+        async with http.get(running.url + "/v1/models") as response:
+            body = await response.json()
+        async with http.get(running.url + "/v1/models/echo") as response:
+            assert response.status == 200
+        async with http.get(running.url + "/v1/models/gpt-4o") as response:
+            assert response.status == 404
+            assert (await response.json())["error"]["code"] == "model_not_found"
+    assert body["object"] == "list"
+    assert [m["id"] for m in body["data"]] == ["echo"]
+    assert body["data"][0]["object"] == "model"
+    assert body["data"][0]["voices"] == []
+
+
+async def test_options_preflight_and_cors_headers(start_agent: AgentFactory) -> None:
+    running = await start_agent()
+    async with aiohttp.ClientSession() as http:
+        async with http.options(running.url + CALLS, headers={
+            "Origin": "https://app.example", "Access-Control-Request-Method": "POST",
+        }) as response:
+            assert response.status == 204
+            assert response.headers["Accept-Post"].startswith("application/sdp")
+            assert "POST" in response.headers["Access-Control-Allow-Methods"]
+            assert "Authorization" in response.headers["Access-Control-Allow-Headers"]
+            assert response.headers["Access-Control-Allow-Origin"] == "*"
+            exposed = response.headers["Access-Control-Expose-Headers"]
+            assert all(h in exposed for h in ("Location", "ETag", "Link"))
+        async with http.options(running.url + CALLS + "/call_x") as response:
+            assert response.status == 204
+            assert "PATCH" in response.headers["Access-Control-Allow-Methods"]
+            assert "DELETE" in response.headers["Access-Control-Allow-Methods"]
+        async with http.options(running.url + "/nowhere") as response:
+            assert response.status == 404
+        async with http.post(running.url + CALLS, data="x",
+                             headers={"Content-Type": "text/plain"}) as response:
+            assert response.status == 415
+            assert response.headers["Access-Control-Allow-Origin"] == "*"
