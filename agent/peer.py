@@ -113,6 +113,7 @@ class CallReport:
     max_gap_ms: float = 0.0
     events: list[str] = field(default_factory=list)
     transcript: str = ""
+    errors: list[dict[str, Any]] = field(default_factory=list)  # `error` events' bodies
 
     @property
     def ok(self) -> bool:
@@ -230,6 +231,8 @@ async def run_call(
             except ValueError:
                 return
             report.events.append(str(event.get("type")))
+            if event.get("type") == "error" and isinstance(event.get("error"), dict):
+                report.errors.append(event["error"])
             if event.get("type") == "response.output_audio_transcript.delta":
                 transcript.append(str(event.get("delta", "")))
 
