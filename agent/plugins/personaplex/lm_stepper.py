@@ -22,6 +22,7 @@ All slot state lives in `self.state` (StreamingModule), so `reset_slots`, `expor
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 
 import torch
@@ -61,6 +62,8 @@ class LMStepper(streaming.StreamingModule):
         self.agent_rows = torch.arange(1, 1 + self.n_agent, device=device)
         self.user_rows = torch.arange(1 + self.n_agent, 1 + lm.n_q, device=device)
         self.output_rows = torch.arange(0, 1 + self.n_agent, device=device)
+        # The LM's streaming state lives in its modules: one stepper drives an LM at a time.
+        object.__setattr__(lm, "_driving_stepper", weakref.ref(self))
         streaming.start_streaming(self, batch_size)
 
     def init_state(self, batch_size: int) -> dict[str, torch.Tensor]:
@@ -124,6 +127,9 @@ class LMStepper(streaming.StreamingModule):
         state = self.state
         assert state is not None, "stepper is not streaming"
         lm = self.lm
+        owner = getattr(lm, "_driving_stepper", None)
+        if owner is None or owner() is not self:
+            raise RuntimeError("another LMStepper was created on this LMModel and owns its streaming state")
         tokens, provided, offset = state["tokens"], state["provided"], state["offset"]
         batch = tokens.shape[0]
         device = tokens.device
