@@ -41,6 +41,8 @@ TOKENIZER_TRAINING_TEXT = (
     "We can talk about science, history, music, cooking or anything you like.",
     "Numbers like one two three four five six seven eight nine ten.",
     "Good morning, good afternoon, good evening and good night.",
+    "The quick brown fox jumps over the lazy dog; 0123456789!?",
+    "THE QUICK BROWN FOX JUMPS OVER THE LAZY DOG, said Zoe (quietly): 'yes' - \"no\".",
 )
 
 SIZES: dict[str, dict[str, Any]] = {
@@ -154,6 +156,31 @@ def _contiguous_state(module: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {key: value.detach().contiguous().clone() for key, value in module.state_dict().items()}
 
 
+@torch.no_grad()
+def calibrate_codebooks(mimi: torch.nn.Module, generator: torch.Generator) -> None:
+    """Spread each random codebook over the latents the random encoder actually produces.
+
+    Unit-variance random centroids sit far from a random encoder's small latents, so every
+    frame would map to the same code and the LM would see no difference between callers.
+    Centroids drawn from each level's residual statistics give input-dependent codes."""
+    seconds = 4
+    t = torch.arange(24000 * seconds) / 24000.0
+    pitch = 100 + 400 * torch.rand(4, 1, 1, generator=generator)
+    audio = 0.3 * torch.sin(2 * torch.pi * pitch * t) + 0.05 * torch.randn(4, 1, t.numel(), generator=generator)
+    latent = mimi.encode_latent(audio)
+    for rvq in (mimi.quantizer.rvq_first, mimi.quantizer.rvq_rest):
+        residual = rvq.input_proj(latent).transpose(1, 2).reshape(-1, rvq.dimension)
+        for layer in rvq.vq.layers:
+            codebook = layer._codebook
+            mean, std = residual.mean(0), residual.std(0) + 1e-6
+            centroids = mean + std * torch.randn(codebook.codebook_size, rvq.dimension, generator=generator)
+            codebook.cluster_usage.fill_(1.0)
+            codebook.embedding_sum.copy_(centroids)
+            nearest = torch.cdist(residual, centroids).argmin(-1)
+            residual = residual - centroids[nearest]
+        rvq.refresh_centroids()
+
+
 def _voice_prompt(
     frames: int, dim: int, num_codebooks: int, text_pad: int, generator: torch.Generator
 ) -> dict[str, torch.Tensor]:
@@ -202,6 +229,7 @@ def write_checkpoint(
     save_file(_contiguous_state(lm), str(out / LM_WEIGHTS_NAME))
     del lm
     mimi = mimi_config.build_mimi(mimi_arch, torch.device("cpu"), torch.float32)
+    calibrate_codebooks(mimi, torch.Generator().manual_seed(seed + 2))
     save_file(_contiguous_state(mimi), str(out / MIMI_WEIGHTS_NAME))
     del mimi
 
