@@ -194,7 +194,9 @@ def authenticate(request: web.Request) -> Principal:
         if key is not None:
             return Principal("key", tenant_of(key))
     if token.startswith(SECRET_PREFIX):
-        secret = request.app[SECRETS_KEY].find(token)
+        store = request.app[SECRETS_KEY]
+        store.prune(request.app[AGENT_KEY].calls)
+        secret = store.find(token)
         if secret is not None:
             if not secret_may_use(request, secret):
                 raise ApiError(403, "secret_not_allowed",

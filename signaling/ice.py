@@ -143,6 +143,9 @@ def ice_servers_from_args(args: argparse.Namespace) -> list[RTCIceServer]:
             entry["username"] is None or entry["credential"] is None
         ):
             raise SystemExit(f"--ice-server {url}: TURN needs --ice-username and --ice-credential")
+        for value in (entry["username"], entry["credential"]):
+            if value is not None and any(ord(ch) < 32 or ch == "\x7f" for ch in value):
+                raise SystemExit(f"--ice-server {url}: control characters in a credential")
         servers.append(RTCIceServer(urls=url, username=entry["username"],
                                     credential=entry["credential"]))
     return servers

@@ -211,3 +211,15 @@ async def realtime_clients() -> AsyncIterator[list[RealtimeClient]]:
     yield clients
     await asyncio.gather(*(client.close() for client in clients), return_exceptions=True)
 
+
+
+async def offer_sdp_once() -> str:
+    """A valid audio + data channel offer from a throwaway aiortc peer."""
+    pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
+    try:
+        pc.createDataChannel("oai-events")
+        pc.addTransceiver("audio", direction="sendrecv")
+        await pc.setLocalDescription(await pc.createOffer())
+        return pc.localDescription.sdp
+    finally:
+        await pc.close()
