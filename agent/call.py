@@ -114,6 +114,11 @@ class Call:
                 return
             max_seconds = self.settings.max_call_seconds
             if max_seconds and now - self.connected_at > max_seconds:
+                # OpenAI's own clients recognise this error code as the session's hard end.
+                self.events.send(
+                    error_event("session_expired",
+                                f"the call hit its maximum duration of {max_seconds:g} s")
+                )
                 self.events.send(
                     server_event(
                         "call.ending", reason="max_call_seconds",
