@@ -5,7 +5,7 @@ Mimi codecs of the tiny and small checkpoint sizes, at B=1 and B=8, and prints a
 median milliseconds per tick. The reference (`moshi==0.2.13`) is a test-only oracle; without
 it only our column is printed.
 
-    python benchmarks/mimi_step_bench.py [--frames 40] [--threads 2] [--sizes tiny small]
+    python benchmarks/mimi_step_bench.py [--frames 25] [--rounds 5] [--threads 1] [--sizes tiny small standard]
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
-from agent.plugins.personaplex.mimi_config import build_mimi
+from agent.plugins.personaplex.mimi_config import STANDARD_MIMI, build_mimi
 from agent.plugins.personaplex.streaming import start_streaming
 from agent.plugins.personaplex.tiny_checkpoint import mimi_architecture
 
@@ -87,7 +87,9 @@ def main() -> None:
     parser.add_argument("--frames", type=int, default=25, help="frames per round")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch default)")
-    parser.add_argument("--sizes", nargs="+", default=["tiny", "small"])
+    parser.add_argument(
+        "--sizes", nargs="+", default=["tiny", "small"], help="tiny, small (checkpoint sizes) or standard (released Mimi)"
+    )
     parser.add_argument("--batches", nargs="+", type=int, default=[1, 8])
     args = parser.parse_args()
     if args.threads:
@@ -99,7 +101,7 @@ def main() -> None:
     )
     print(f"{'size':<6} {'B':>3} {'ours ms':>9} {'ref ms':>9} {'ours/ref':>9} {'ours/B1':>8}")
     for size in args.sizes:
-        config = mimi_architecture(size)
+        config = copy.deepcopy(STANDARD_MIMI) if size == "standard" else mimi_architecture(size)
         base: float | None = None
         for batch in args.batches:
             ours, ref = measure(config, batch, args.frames, args.rounds)
