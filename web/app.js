@@ -154,21 +154,20 @@ function fillVoices(model) {
 }
 
 async function loadServerInfo() {
-  let secret = null;
   try {
-    let result = await getJson("/v1/models");
-    if ((result.status === 401 || result.status === 403) && ui.tokenUrl.value.trim()) {
-      secret = await fetchSecret(null);
-      result = await getJson("/v1/models", secret);
-    }
+    // A secret the page never calls with just expires; it lets a keyed agent list voices.
+    const secret = ui.tokenUrl.value.trim() ? await fetchSecret(null) : null;
+    const result = await getJson("/v1/models", secret);
     if (result.status === 401 || result.status === 403) {
       ui.agentInfo.textContent = "This agent needs authorization: set a token URL under Settings.";
       return;
     }
     state.model = result.status === 200 ? parseModels(result.body) : null;
     ui.agentInfo.textContent = state.model ? describeModel(state.model) : "Agent ready (it does not list its voices).";
-  } catch {
-    ui.agentInfo.textContent = "Agent ready (it does not list its voices).";
+  } catch (error) {
+    ui.agentInfo.textContent = error instanceof CallFailure
+      ? error.message
+      : "Agent ready (it does not list its voices).";
   }
   fillVoices(state.model);
 }

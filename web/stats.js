@@ -78,7 +78,9 @@ export function summarizeStats(stats, previous = null) {
 const DASH = "—";
 
 function ms(value) {
-  return value === null || value === undefined ? DASH : `${Math.round(value)} ms`;
+  if (value === null || value === undefined) return DASH;
+  // Loopback and LAN round trips are well under 10 ms: keep a decimal so they don't read 0.
+  return value < 10 ? `${value.toFixed(1)} ms` : `${Math.round(value)} ms`;
 }
 
 function lossText(summary) {

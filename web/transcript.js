@@ -2,7 +2,9 @@
 //
 // Deltas for one response arrive in order on a reliable data channel; `.done` carries the
 // server's full text for the segment and wins over what the deltas added up to, so a
-// dropped or duplicated delta heals at the end of each segment.
+// dropped or duplicated delta heals at the end of each segment. A full-duplex agent may go
+// on talking under the same response id after a segment's `.done`: those deltas start a new
+// entry rather than being lost.
 
 const MAX_ENTRIES = 200;
 
@@ -41,14 +43,15 @@ export class Transcript {
     return event.item_id ?? event.response_id ?? "response";
   }
 
-  #entry(key) {
+  #entry(key, reopen = false) {
     let entry = this.byId.get(key);
-    if (!entry) {
+    if (!entry || (reopen && entry.done)) {
       entry = { id: key, text: "", done: false, interrupted: false };
       this.byId.set(key, entry);
       this.entries.push(entry);
       while (this.entries.length > this.maxEntries) {
-        this.byId.delete(this.entries.shift().id);
+        const evicted = this.entries.shift();
+        if (this.byId.get(evicted.id) === evicted) this.byId.delete(evicted.id);
       }
     }
     return entry;
@@ -56,8 +59,7 @@ export class Transcript {
 
   #appendDelta(event) {
     if (typeof event.delta !== "string" || event.delta === "") return false;
-    const entry = this.#entry(this.#keyOf(event));
-    if (entry.done) return false; // a late delta after `.done` is already counted in it
+    const entry = this.#entry(this.#keyOf(event), true);
     entry.text += event.delta;
     return true;
   }

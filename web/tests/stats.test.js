@@ -58,13 +58,19 @@ test("an empty report gives nulls, and formatting shows dashes", () => {
   assert.equal(none.Codec, "—");
 });
 
+test("formatting: one decimal under 10 ms, whole ms above", () => {
+  const rows = Object.fromEntries(formatStats({ ...summarizeStats([]), rttMs: 0.34, jitterMs: 12.6 }, "connected"));
+  assert.equal(rows["Round trip"], "0.3 ms");
+  assert.equal(rows.Jitter, "13 ms");
+});
+
 test("formatting rounds milliseconds and shows loss as a percentage", () => {
   const rows = Object.fromEntries(formatStats(summarizeStats(report()), "connected"));
   assert.deepEqual(rows, {
     State: "connected",
     Codec: "opus 48 kHz",
-    "Round trip": "4 ms",
-    Jitter: "3 ms",
+    "Round trip": "4.0 ms",
+    Jitter: "2.5 ms",
     "Packets lost": "3 (1.0 %)",
     "Playout delay": "50 ms",
     Received: "15.0 kB",

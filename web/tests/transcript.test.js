@@ -25,8 +25,18 @@ test("done replaces the assembled text with the server's and closes the entry", 
   t.apply(delta("r1", "Helo"));
   assert.equal(t.apply(done("r1", "Hello")), true);
   assert.deepEqual(t.entries[0], { id: "r1", text: "Hello", done: true, interrupted: false });
-  assert.equal(t.apply(delta("r1", " late")), false, "a delta after done is ignored");
   assert.equal(t.text, "Hello");
+});
+
+test("a delta after done under the same id starts the next segment", () => {
+  const t = new Transcript();
+  t.apply(delta("r1", "First."));
+  t.apply(done("r1", "First."));
+  assert.equal(t.apply(delta("r1", "Second")), true);
+  t.apply(delta("r1", " one."));
+  assert.deepEqual(t.entries.map((e) => [e.text, e.done]), [["First.", true], ["Second one.", false]]);
+  t.apply(done("r1", "Second one."));
+  assert.equal(t.text, "First.\nSecond one.");
 });
 
 test("done without deltas still shows its text; an empty done without deltas is ignored", () => {
