@@ -21,7 +21,7 @@ from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
 from .clock import MonotonicClock
 from .events import EventChannel, error_event, error_event_from, parse_client_event, server_event
-from .framing import FrameAssembler
+from .framing import FrameAssembler, chunk_size
 from .outbound import AgentAudioTrack
 from .playout import PlayoutBuffer
 from .realtime_session import session_config_from_realtime
@@ -170,8 +170,10 @@ class Call:
 
     async def _read_inbound(self, track: MediaStreamTrack) -> None:
         capabilities = self.capabilities
+        # 20 ms chunks: the ticker cuts its frames from them, so a frame is ready as soon as
+        # its last packet arrives rather than at the next 80 ms boundary of the caller's audio.
         assembler = FrameAssembler(
-            capabilities.sample_rate, capabilities.frame_size, capabilities.channels
+            capabilities.sample_rate, chunk_size(capabilities.frame_size), capabilities.channels
         )
         while True:
             try:
@@ -181,8 +183,8 @@ class Call:
             self.last_inbound_at = time.monotonic()
             if self.ticked is None:
                 continue
-            for plugin_frame in assembler.push(frame):
-                self.ticked.push(plugin_frame)
+            for chunk in assembler.push(frame):
+                self.ticked.push(chunk)
 
     async def _drain(self, track: MediaStreamTrack) -> None:
         # An unread track fills an unbounded queue inside aiortc.

@@ -16,7 +16,7 @@ import av
 import numpy as np
 
 PTIME = 0.02
-OPUS_BITRATE = 40_000
+OPUS_BITRATE = 48_000
 
 # mime subtype (lowercase) → (ffmpeg encoder, encoder sample rate)
 _CODECS: dict[str, tuple[str, int | None]] = {
@@ -46,7 +46,7 @@ class InlineAudioEncoder:
         self._codec.time_base = Fraction(1, self.rate)
         if encoder_name == "libopus":
             self._codec.bit_rate = OPUS_BITRATE
-            self._codec.options = {"application": "voip"}
+            self._codec.options = {"application": "lowdelay"}
         self._resampler = (
             av.AudioResampler(
                 format="s16", layout="mono", rate=self.rate, frame_size=self.samples_per_packet

@@ -13,23 +13,31 @@ import numpy as np
 _LAYOUTS = {1: "mono", 2: "stereo"}
 
 
+def chunk_size(frame_size: int, parts: int = 4) -> int:
+    """A sub-frame size (about 20 ms for 80 ms frames) that divides the frame exactly."""
+    return frame_size // parts if frame_size % parts == 0 else frame_size
+
+
 class FrameAssembler:
     def __init__(self, sample_rate: int, frame_size: int, channels: int = 1) -> None:
         self.sample_rate = sample_rate
         self.frame_size = frame_size
         self.channels = channels
-        self._resampler = av.AudioResampler(
-            format="flt", layout=_LAYOUTS[channels], rate=sample_rate, frame_size=frame_size
-        )
+        self._resampler: av.AudioResampler | None = None
+        self._resampled_channels = channels
         # Source format changes (e.g. a codec switch) need a fresh resampler.
         self._source_key: tuple[str, str, int] | None = None
 
     def push(self, frame: av.AudioFrame) -> list[np.ndarray]:
         key = (frame.format.name, frame.layout.name, frame.sample_rate)
-        if self._source_key is not None and key != self._source_key:
+        if self._resampler is None or key != self._source_key:
+            # Stereo to mono is averaged here, not by libswresample, whose -3 dB pan law
+            # would make a mono voice carried in stereo (as Opus decodes) 3 dB louder.
+            source_channels = len(frame.layout.channels)
+            self._resampled_channels = 2 if (self.channels == 1 and source_channels == 2) else self.channels
             self._resampler = av.AudioResampler(
                 format="flt",
-                layout=_LAYOUTS[self.channels],
+                layout=_LAYOUTS[self._resampled_channels],
                 rate=self.sample_rate,
                 frame_size=self.frame_size,
             )
@@ -51,6 +59,8 @@ class FrameAssembler:
     def _to_array(self, frame: av.AudioFrame) -> np.ndarray:
         # Packed float: to_ndarray() is (1, samples * channels), interleaved.
         data = frame.to_ndarray().reshape(-1)
+        if self._resampled_channels != self.channels:
+            return data.reshape(-1, 2).mean(axis=1, dtype=np.float32)
         if self.channels == 1:
             return data.astype(np.float32, copy=True)
         return data.reshape(-1, self.channels).astype(np.float32, copy=True)

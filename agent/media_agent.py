@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from aiortc import RTCConfiguration, RTCIceServer, RTCPeerConnection, RTCSessionDescription
 
@@ -32,12 +34,24 @@ class AgentSettings:
     call: CallSettings = field(default_factory=CallSettings)
 
 
+class ManagedSession(Protocol):
+    """A non-WebRTC leg (telephony websocket, plain RTP) that holds a call slot."""
+
+    id: str
+
+    async def close(self, reason: str = "hangup") -> None: ...
+
+    def stats(self) -> dict[str, Any]: ...
+
+
 class MediaAgent:
     def __init__(self, plugin: Plugin, settings: AgentSettings | None = None) -> None:
         self.plugin = plugin
         self.settings = settings or AgentSettings()
         self.ticker = Ticker(plugin)
         self.calls: dict[str, Call] = {}
+        # Other legs on the same ticker; they count against the same admission limit.
+        self.sessions: dict[str, ManagedSession] = {}
         self._pending_calls = 0
         self._started = False
 
@@ -53,7 +67,7 @@ class MediaAgent:
 
     def check_capacity(self) -> None:
         capacity = self.capacity
-        if capacity and len(self.calls) + self._pending_calls >= capacity:
+        if capacity and len(self.calls) + len(self.sessions) + self._pending_calls >= capacity:
             raise CallError(
                 "server_full", f"all {capacity} call slots are in use; retry later", status=503
             )
@@ -97,6 +111,10 @@ class MediaAgent:
         try:
             await pc.setRemoteDescription(RTCSessionDescription(sdp=sdp, type="offer"))
         except Exception as exc:
+            if "description send parameters" in str(exc):
+                raise CallError(
+                    "no_common_codec", "none of the offered audio codecs is supported"
+                ) from None
             raise CallError("invalid_sdp", f"the offer could not be used: {exc}") from None
         audio = [t for t in pc.getTransceivers() if t.kind == "audio"]
         for transceiver in pc.getTransceivers():
@@ -128,6 +146,23 @@ class MediaAgent:
                 call.id, call.end_reason, call.stats()["age_s"], len(self.calls),
             )
 
+    @contextlib.contextmanager
+    def admit(self) -> Iterator[None]:
+        """Hold a call slot while a non-WebRTC session is set up (raises CallError when full)."""
+        self.check_capacity()
+        self._pending_calls += 1
+        try:
+            yield
+        finally:
+            self._pending_calls -= 1
+
+    def register_session(self, session: ManagedSession) -> None:
+        self.sessions[session.id] = session
+
+    def unregister_session(self, session: ManagedSession) -> None:
+        if self.sessions.get(session.id) is session:
+            del self.sessions[session.id]
+
     async def hangup(self, call_id: str) -> bool:
         call = self.calls.get(call_id)
         if call is None:
@@ -138,7 +173,8 @@ class MediaAgent:
     def health(self) -> dict[str, Any]:
         return {
             "plugin": self.plugin.id,
-            "active_calls": len(self.calls),
+            "active_calls": len(self.calls) + len(self.sessions),
+            "other_sessions": len(self.sessions),
             "capacity": self.capacity,
             "ticker": self.ticker.counters.to_dict(),
             "ticker_sessions": len(self.ticker.sessions),
@@ -146,6 +182,7 @@ class MediaAgent:
 
     async def close(self) -> None:
         await asyncio.gather(*(call.close("shutdown") for call in list(self.calls.values())),
+                             *(leg.close("shutdown") for leg in list(self.sessions.values())),
                              return_exceptions=True)
         await self.ticker.close()
         await self.plugin.close()

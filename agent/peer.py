@@ -109,6 +109,8 @@ class CallReport:
     seconds_received: float = 0.0
     delay_ms: float | None = None
     correlation: float | None = None
+    holes: int | None = None  # 250 ms windows after the first second that did not come back
+    lag_spread_ms: float | None = None
     gaps: int = 0
     max_gap_ms: float = 0.0
     events: list[str] = field(default_factory=list)
@@ -280,6 +282,8 @@ async def run_call(
         offset = recording.first_at - source.started_at
         report.delay_ms = round((offset + echo.lag_seconds) * 1000, 1)
         report.correlation = round(echo.correlation, 3)
+        report.holes = echo.holes
+        report.lag_spread_ms = round(echo.lag_spread_seconds * 1000, 1)
     return report, signal, received
 
 
@@ -317,7 +321,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         status = "ok" if report.ok else f"FAILED: {report.error or 'no audio received'}"
         print(f"{status}  codec={report.codec} connect={report.connect_seconds}s "
               f"sent={report.seconds_sent}s received={report.seconds_received}s "
-              f"delay={report.delay_ms}ms corr={report.correlation} gaps={report.gaps}")
+              f"delay={report.delay_ms}ms corr={report.correlation} holes={report.holes} "
+              f"gaps={report.gaps}")
     return 0 if report.ok else 1
 
 

@@ -1,72 +1,9 @@
-"""A bounded FIFO of agent audio samples between the ticker (80 ms in) and the pacer (20 ms out)."""
+"""The agent audio waiting between the ticker (80 ms in) and the pacer (20 ms out)."""
 
 from __future__ import annotations
 
-from collections import deque
-
-import numpy as np
+from .sample_fifo import SampleFifo
 
 
-class PlayoutBuffer:
-    """Float32 samples in, fixed-size chunks out. Overflow drops the oldest audio, counted."""
-
-    def __init__(self, capacity_samples: int) -> None:
-        self.capacity_samples = capacity_samples
-        self._chunks: deque[np.ndarray] = deque()
-        self._head_offset = 0  # samples already consumed from _chunks[0]
-        self.buffered_samples = 0
-        self.dropped_samples = 0
-        self.underrun_chunks = 0
-
-    def push(self, samples: np.ndarray) -> None:
-        if len(samples) == 0:
-            return
-        self._chunks.append(samples)
-        self.buffered_samples += len(samples)
-        excess = self.buffered_samples - self.capacity_samples
-        if excess > 0:
-            self._discard(excess)
-            self.dropped_samples += excess
-
-    def clear(self) -> int:
-        """Drop everything queued (barge-in); returns how many samples were dropped."""
-        dropped = self.buffered_samples
-        self._chunks.clear()
-        self._head_offset = 0
-        self.buffered_samples = 0
-        return dropped
-
-    def pop(self, count: int) -> np.ndarray | None:
-        """Exactly `count` samples, or None on underrun (partial audio stays queued)."""
-        if self.buffered_samples < count:
-            self.underrun_chunks += 1
-            return None
-        head = self._chunks[0]
-        start = self._head_offset
-        if len(head) - start >= count:
-            out = head[start : start + count]
-            self._advance(count)
-            return out
-        parts = []
-        needed = count
-        while needed:
-            head = self._chunks[0]
-            take = min(needed, len(head) - self._head_offset)
-            parts.append(head[self._head_offset : self._head_offset + take])
-            self._advance(take)
-            needed -= take
-        return np.concatenate(parts)
-
-    def _advance(self, count: int) -> None:
-        self._head_offset += count
-        self.buffered_samples -= count
-        if self._head_offset == len(self._chunks[0]):
-            self._chunks.popleft()
-            self._head_offset = 0
-
-    def _discard(self, count: int) -> None:
-        while count:
-            head = self._chunks[0]
-            take = min(count, len(head) - self._head_offset)
-            self._advance(take)
-            count -= take
+class PlayoutBuffer(SampleFifo):
+    """A SampleFifo of agent output; `clear()` on barge-in drops what was not played yet."""

@@ -45,12 +45,30 @@ def decimate(samples: np.ndarray, sample_rate: int, target: int = ANALYSIS_RATE)
 
 @dataclass
 class EchoMeasurement:
-    lag_seconds: float  # where `received` best matches `sent` (received lags sent by this)
-    correlation: float  # normalized correlation of the aligned overlap, skipping `skip` seconds
+    lag_seconds: float  # where `received` best matches `sent` overall (received lags by this)
+    correlation: float  # mean normalized correlation of the windows after `skip` seconds
+    windows: int = 0  # analysis windows that carried signal
+    holes: int = 0  # windows that did not come back recognisably (score < 0.5)
+    lag_spread_seconds: float = 0.0  # max - min of the per-window lags (drops/inserts)
+
+
+WINDOW_SECONDS = 0.25
+TRACK_SECONDS = 0.25  # how far a window's lag may wander from the overall lag
+
+
+def _normalized(a: np.ndarray, b: np.ndarray) -> float:
+    denom = np.sqrt(np.sum(a * a) * np.sum(b * b))
+    return float(np.sum(a * b) / denom) if denom > 0 else 0.0
 
 
 def measure_echo(sent: np.ndarray, received: np.ndarray, sample_rate: int,
                  max_lag_seconds: float = 2.0, skip_seconds: float = 1.0) -> EchoMeasurement:
+    """Find the echo's delay, then score how faithfully each 250 ms of it came back.
+
+    Each window gets its own best lag near the overall one, so a real-time path that drops
+    or inserts a frame after a stall is scored on what it played, not failed outright; the
+    spread of the window lags reports such shifts.
+    """
     s = decimate(sent, sample_rate)
     r = decimate(received, sample_rate)
     rate = ANALYSIS_RATE
@@ -60,10 +78,23 @@ def measure_echo(sent: np.ndarray, received: np.ndarray, sample_rate: int,
     xcorr = np.fft.irfft(np.fft.rfft(r, size) * np.conj(np.fft.rfft(s, size)), size)
     max_lag = min(int(max_lag_seconds * rate), len(r) - 1)
     lag = int(np.argmax(xcorr[: max_lag + 1]))
-    skip = int(skip_seconds * rate)
-    aligned_r = r[lag + skip :]
-    aligned_s = s[skip : skip + len(aligned_r)]
-    aligned_r = aligned_r[: len(aligned_s)]
-    denom = np.sqrt(np.sum(aligned_s**2) * np.sum(aligned_r**2))
-    correlation = float(np.sum(aligned_s * aligned_r) / denom) if denom > 0 else 0.0
-    return EchoMeasurement(lag / rate, correlation)
+    window = int(WINDOW_SECONDS * rate)
+    track = int(TRACK_SECONDS * rate)
+    scores: list[float] = []
+    lags: list[int] = []
+    for start in range(lag + int(skip_seconds * rate), len(r) - window + 1, window):
+        piece = r[start : start + window]
+        lo = max(0, start - lag - track)
+        hi = min(len(s), start - lag + track + window)
+        reference = s[lo:hi]
+        if len(reference) < window or np.sum(reference**2) == 0:
+            continue
+        local = np.correlate(reference, piece, mode="valid")
+        offset = int(np.argmax(local))
+        scores.append(_normalized(piece, reference[offset : offset + window]))
+        lags.append(start - (lo + offset))
+    if not scores:
+        return EchoMeasurement(lag / rate, 0.0)
+    spread = (max(lags) - min(lags)) / rate
+    holes = sum(1 for score in scores if score < 0.5)
+    return EchoMeasurement(lag / rate, float(np.mean(scores)), len(scores), holes, spread)

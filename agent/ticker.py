@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -23,23 +22,29 @@ from typing import Any, TypeVar
 import numpy as np
 
 from .clock import Clock, MonotonicClock
+from .sample_fifo import SampleFifo
 from .plugins.base import Plugin, PluginError, PluginSession, RuntimeConfig, StepOutput
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-# Ticks in a row with a frame still queued after the step before one frame is dropped.
-BACKLOG_PATIENCE_TICKS = 12
+# Caller audio is trimmed so that no more than needed waits for the next tick: every window
+# of ticks, the smallest amount left over after a step (audio that waited a whole period for
+# nothing) is dropped, in 20 ms granules. After a tick that had to pad a late frame, trimming
+# pauses for a while: that cushion was earned by real network jitter.
+TRIM_WINDOW_TICKS = 25
+TRIM_HOLD_TICKS = 125
 
 
 @dataclass
 class SessionCounters:
-    frames_in: int = 0
+    chunks_in: int = 0
     frames_stepped: int = 0
-    silence_filled: int = 0
-    dropped_overflow: int = 0
-    dropped_backlog: int = 0
+    silence_filled: int = 0  # ticks fed pure silence (caller sent nothing)
+    padded: int = 0  # ticks whose frame was completed with silence (late audio)
+    dropped_overflow_samples: int = 0
+    dropped_backlog_samples: int = 0
 
     def to_dict(self) -> dict[str, int]:
         return dict(self.__dict__)
@@ -65,53 +70,70 @@ ErrorHandler = Callable[[Exception], None]
 
 
 class TickedSession:
-    """One call's seat at the ticker."""
+    """One call's seat at the ticker: a bounded FIFO of caller samples and the output hooks."""
 
     def __init__(
         self,
         plugin_session: PluginSession,
-        inbound_capacity: int,
+        frame_size: int,
+        inbound_capacity_frames: int,
         on_output: OutputHandler,
         on_error: ErrorHandler | None,
     ) -> None:
         self.plugin_session = plugin_session
-        self.inbound: deque[np.ndarray] = deque()
-        self.inbound_capacity = inbound_capacity
+        self.frame_size = frame_size
+        self.inbound = SampleFifo(frame_size * inbound_capacity_frames)
+        self.trim_granule = max(1, frame_size // 4)
         self.on_output = on_output
         self.on_error = on_error
         self.counters = SessionCounters()
         self.closed = False
-        self._backlog_ticks = 0
+        self._window_ticks = 0
+        self._window_min_residual: int | None = None
+        self._hold_ticks = 0
 
     @property
     def config(self) -> RuntimeConfig:
         return self.plugin_session.config
 
-    def push(self, frame: np.ndarray) -> None:
-        """Queue one caller frame (event loop)."""
-        self.counters.frames_in += 1
-        if len(self.inbound) >= self.inbound_capacity:
-            self.inbound.popleft()
-            self.counters.dropped_overflow += 1
-        self.inbound.append(frame)
+    def push(self, samples: np.ndarray) -> None:
+        """Queue caller audio at the plugin's rate, any length (event loop)."""
+        self.counters.chunks_in += 1
+        self.inbound.push(samples)
+        self.counters.dropped_overflow_samples = self.inbound.dropped_samples
 
     def take(self, silence: np.ndarray) -> np.ndarray:
-        """The frame for this tick: the oldest queued one, or silence."""
+        """The frame for this tick: the oldest queued audio, padded or replaced by silence."""
         self.counters.frames_stepped += 1
-        if not self.inbound:
+        audio = self.inbound.pop_available(self.frame_size)
+        if audio is None:
             self.counters.silence_filled += 1
-            self._backlog_ticks = 0
-            return silence
-        frame = self.inbound.popleft()
-        if self.inbound:
-            self._backlog_ticks += 1
-            if self._backlog_ticks >= BACKLOG_PATIENCE_TICKS:
-                self.inbound.popleft()
-                self.counters.dropped_backlog += 1
-                self._backlog_ticks = 0
+            frame = silence
+        elif len(audio) < self.frame_size:
+            self.counters.padded += 1
+            self._hold_ticks = TRIM_HOLD_TICKS
+            frame = silence.copy()
+            frame[: len(audio)] = audio
         else:
-            self._backlog_ticks = 0
+            frame = audio
+        self._trim_standing_backlog()
         return frame
+
+    def _trim_standing_backlog(self) -> None:
+        residual = self.inbound.buffered_samples
+        if self._window_min_residual is None or residual < self._window_min_residual:
+            self._window_min_residual = residual
+        if self._hold_ticks:
+            self._hold_ticks -= 1
+        self._window_ticks += 1
+        if self._window_ticks < TRIM_WINDOW_TICKS:
+            return
+        excess = (self._window_min_residual // self.trim_granule) * self.trim_granule
+        if excess and not self._hold_ticks:
+            self.inbound.discard(excess)
+            self.counters.dropped_backlog_samples += excess
+        self._window_ticks = 0
+        self._window_min_residual = None
 
 
 class Ticker:
@@ -126,6 +148,7 @@ class Ticker:
         self.clock = clock or MonotonicClock()
         capabilities = plugin.capabilities()
         self.period = capabilities.frame_size / capabilities.sample_rate
+        self.frame_size = capabilities.frame_size
         self.inbound_capacity = inbound_capacity
         self.max_lateness = max_lateness_ticks * self.period
         self.sessions: list[TickedSession] = []
@@ -152,7 +175,9 @@ class Ticker:
         if self._closed:
             raise PluginError("shutting_down", "the server is shutting down", status=503)
         plugin_session = await self._in_worker(self.plugin.create_session, config)
-        ticked = TickedSession(plugin_session, self.inbound_capacity, on_output, on_error)
+        ticked = TickedSession(
+            plugin_session, self.frame_size, self.inbound_capacity, on_output, on_error
+        )
         self.sessions.append(ticked)
         self.start()
         self._wakeup.set()
@@ -173,6 +198,11 @@ class Ticker:
 
     async def update_session(self, ticked: TickedSession, config: RuntimeConfig) -> None:
         ticked.plugin_session.config = config
+
+    async def send_dtmf(self, ticked: TickedSession, digit: str) -> None:
+        """Hand a keypad digit to the plugin on its worker thread (between steps)."""
+        if not ticked.closed:
+            await self._in_worker(self.plugin.handle_dtmf, ticked.plugin_session, digit)
 
     async def close(self) -> None:
         self._closed = True

@@ -15,7 +15,7 @@ from agent.plugins.base import PluginError, PluginOptions
 from agent.plugins.registry import available_plugins, load_plugin
 from agent.rtc_tuning import limit_host_addresses
 
-from . import auth, cors, ice
+from . import auth, cors, ice, telephony
 from .app import create_app
 
 log = logging.getLogger("signaling")
@@ -61,6 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
                        "default: every interface; 127.0.0.1 keeps calls on loopback)")
     parser.add_argument("--log-level", default="INFO")
     auth.add_arguments(parser)
+    telephony.add_arguments(parser)
     ice.add_arguments(parser)
     cors.add_arguments(parser)
     return parser
@@ -103,7 +104,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         limit_host_addresses(args.ice_host)
     agent = MediaAgent(plugin, settings_from_args(args))
     auth_settings = auth.settings_from_args(args)
-    app = create_app(agent, auth=auth_settings, cors_origins=cors.origins_from_args(args))
+    app = create_app(agent, auth=auth_settings, cors_origins=cors.origins_from_args(args),
+                     telephony_config=telephony.config_from_args(args))
     if auth_settings.open:
         if args.host in ("127.0.0.1", "localhost", "::1"):
             log.warning("no --api-key: the server is open to anyone who can reach %s "

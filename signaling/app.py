@@ -11,7 +11,7 @@ from aiohttp import web
 from agent.media_agent import MediaAgent
 from agent.plugins.base import PluginError
 
-from . import health, offer, realtime_api
+from . import health, offer, realtime_api, telephony
 from .auth import AuthSettings
 from .errors import ApiError, from_plugin_error, json_error
 from .keys import AGENT_KEY
@@ -59,12 +59,14 @@ async def index(request: web.Request) -> web.StreamResponse:
 def create_app(
     agent: MediaAgent, *, max_body_bytes: int = MAX_BODY_BYTES,
     auth: AuthSettings | None = None, cors_origins: tuple[str, ...] = (),
+    telephony_config: telephony.TelephonyConfig | None = None,
 ) -> web.Application:
     app = web.Application(middlewares=[error_middleware], client_max_size=max_body_bytes)
     app[AGENT_KEY] = agent
     realtime_api.install(app, auth_settings=auth, cors_origins=cors_origins)
     offer.add_routes(app)
     health.add_routes(app)
+    telephony.add_routes(app, telephony_config)
     app.router.add_get("/", index)
     if WEB_DIR.is_dir():
         app.router.add_static("/static/", WEB_DIR, show_index=False)

@@ -29,6 +29,8 @@ async def read_json_object(request: web.Request) -> dict[str, Any]:
     """The request body as a JSON object, or a coded 4xx raised as web.HTTPException."""
     try:
         body = await request.json()
+    except web.HTTPRequestEntityTooLarge:
+        raise
     except Exception:
         raise ApiError(400, "invalid_json", "the request body is not valid JSON") from None
     if not isinstance(body, dict):

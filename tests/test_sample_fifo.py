@@ -1,0 +1,54 @@
+from __future__ import annotations
+
+import numpy as np
+
+from agent.sample_fifo import SampleFifo as PlayoutBuffer
+
+
+def ramp(start: int, count: int) -> np.ndarray:
+    return np.arange(start, start + count, dtype=np.float32)
+
+
+def test_chunks_come_out_in_order_across_pushes() -> None:
+    buffer = PlayoutBuffer(capacity_samples=10_000)
+    buffer.push(ramp(0, 1920))
+    buffer.push(ramp(1920, 1920))
+    out = np.concatenate([buffer.pop(480) for _ in range(8)])
+    np.testing.assert_array_equal(out, ramp(0, 3840))
+    assert buffer.buffered_samples == 0
+
+
+def test_underrun_returns_none_and_keeps_partial_audio() -> None:
+    buffer = PlayoutBuffer(capacity_samples=10_000)
+    buffer.push(ramp(0, 300))
+    assert buffer.pop(480) is None
+    assert buffer.underrun_chunks == 1
+    buffer.push(ramp(300, 300))
+    np.testing.assert_array_equal(buffer.pop(480), ramp(0, 480))
+
+
+def test_overflow_drops_oldest_and_counts() -> None:
+    buffer = PlayoutBuffer(capacity_samples=1000)
+    buffer.push(ramp(0, 800))
+    buffer.push(ramp(800, 800))
+    assert buffer.buffered_samples == 1000
+    assert buffer.dropped_samples == 600
+    np.testing.assert_array_equal(buffer.pop(1000), ramp(600, 1000))
+
+
+def test_clear_drops_everything() -> None:
+    buffer = PlayoutBuffer(capacity_samples=10_000)
+    buffer.push(ramp(0, 1920))
+    buffer.pop(100)
+    assert buffer.clear() == 1820
+    assert buffer.pop(10) is None
+
+
+def test_pop_available_returns_what_is_there() -> None:
+    buffer = PlayoutBuffer(capacity_samples=10_000)
+    assert buffer.pop_available(480) is None
+    buffer.push(ramp(0, 300))
+    np.testing.assert_array_equal(buffer.pop_available(480), ramp(0, 300))
+    buffer.push(ramp(300, 1000))
+    buffer.discard(200)
+    np.testing.assert_array_equal(buffer.pop_available(100), ramp(500, 100))

@@ -1,0 +1,210 @@
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+import numpy as np
+import pytest
+
+from agent.clock import FakeClock
+from agent.plugins.base import (
+    Capabilities, Plugin, PluginSession, RuntimeConfig, SessionConfig, StepOutput,
+)
+from agent.ticker import TRIM_WINDOW_TICKS, Ticker
+
+FRAME = 4  # tiny frames keep the arithmetic readable: 4 samples at 50 Hz = 80 ms
+
+
+class RecordingPlugin(Plugin):
+    """Records every batch it is stepped with, and the clock time of each step."""
+
+    id = "recording"
+
+    def __init__(self, clock: FakeClock) -> None:
+        self.clock = clock
+        self.batches: list[list[tuple[str, float]]] = []
+        self.step_times: list[float] = []
+        self.created: list[str] = []
+        self.closed: list[str] = []
+        self.restarted: list[str] = []
+
+    def capabilities(self) -> Capabilities:
+        return Capabilities(sample_rate=50, frame_size=FRAME)
+
+    async def prepare_runtime_config(self, session_config: SessionConfig) -> RuntimeConfig:
+        return RuntimeConfig(voice=session_config.voice)
+
+    def create_session(self, config: RuntimeConfig) -> PluginSession:
+        self.created.append(str(config.voice))
+        return PluginSession(config)
+
+    def close_session(self, session: PluginSession) -> None:
+        self.closed.append(str(session.config.voice))
+
+    def restart_session(self, session: PluginSession) -> None:
+        self.restarted.append(str(session.config.voice))
+
+    def step(self, batch: Sequence[tuple[PluginSession, np.ndarray]]) -> list[StepOutput]:
+        self.step_times.append(self.clock.now())
+        self.batches.append([(str(s.config.voice), float(frame[0])) for s, frame in batch])
+        return [StepOutput(audio=frame.copy()) for _, frame in batch]
+
+
+def frame(value: float) -> np.ndarray:
+    return np.full(FRAME, value, dtype=np.float32)
+
+
+async def wait_for_ticks(plugin: RecordingPlugin, count: int) -> None:
+    for _ in range(10_000):
+        if len(plugin.batches) >= count:
+            return
+        await asyncio.sleep(0)
+    raise AssertionError(f"only {len(plugin.batches)} ticks")
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock(start=100.0)
+
+
+async def test_all_live_sessions_share_one_batched_step(clock: FakeClock) -> None:
+    plugin = RecordingPlugin(clock)
+    ticker = Ticker(plugin, clock=clock)
+    outputs: dict[str, list[float]] = {"a": [], "b": []}
+    a = await ticker.open_session(RuntimeConfig(voice="a"), lambda o: outputs["a"].append(o.audio[0]))
+    b = await ticker.open_session(RuntimeConfig(voice="b"), lambda o: outputs["b"].append(o.audio[0]))
+    joined = len(plugin.batches)
+    a.push(frame(1.0))
+    b.push(frame(2.0))
+    await wait_for_ticks(plugin, joined + 3)
+    await ticker.close()
+    after_join = plugin.batches[joined:]
+    assert all([v for v, _ in batch] == ["a", "b"] for batch in after_join)
+    # Both caller frames went through the same step and back to their own session.
+    assert [("a", 1.0), ("b", 2.0)] in after_join
+    assert 1.0 in outputs["a"] and 2.0 in outputs["b"]
+    assert 2.0 not in outputs["a"] and 1.0 not in outputs["b"]
+    assert sorted(plugin.closed) == ["a", "b"]
+
+
+async def test_join_and_leave_keep_the_tick_timeline(clock: FakeClock) -> None:
+    plugin = RecordingPlugin(clock)
+    ticker = Ticker(plugin, clock=clock)
+    a = await ticker.open_session(RuntimeConfig(voice="a"), lambda o: None)
+    await wait_for_ticks(plugin, 5)
+    b = await ticker.open_session(RuntimeConfig(voice="b"), lambda o: None)
+    await wait_for_ticks(plugin, 10)
+    await ticker.close_session(a)
+    await wait_for_ticks(plugin, 15)
+    await ticker.close()
+    times = np.array(plugin.step_times[:15])
+    # Every tick lands exactly on anchor + n * period, before and after the join and leave.
+    np.testing.assert_allclose(np.diff(times), 0.08, atol=1e-9)
+    voices = [tuple(v for v, _ in batch) for batch in plugin.batches[:15]]
+    assert voices[0] == ("a",) and ("a", "b") in voices and voices[-1] == ("b",)
+    assert b.closed
+
+
+async def test_quiet_caller_is_clocked_with_silence(clock: FakeClock) -> None:
+    plugin = RecordingPlugin(clock)
+    ticker = Ticker(plugin, clock=clock)
+    ticked = await ticker.open_session(RuntimeConfig(voice="a"), lambda o: None)
+    ticked.push(frame(5.0))
+    await wait_for_ticks(plugin, 6)
+    await ticker.close()
+    values = [batch[0][1] for batch in plugin.batches[:6]]
+    assert values == [5.0, 0.0, 0.0, 0.0, 0.0, 0.0]
+    assert ticked.counters.silence_filled >= 5
+
+
+async def test_inbound_queue_is_bounded_and_drops_oldest() -> None:
+    clock = FakeClock()
+    plugin = RecordingPlugin(clock)
+    ticker = Ticker(plugin, clock=clock, inbound_capacity=3)
+    ticked = await ticker.open_session(RuntimeConfig(voice="a"), lambda o: None)
+    await ticker.close()  # stop the clock so the queue is only filled
+    for value in range(10):
+        ticked.push(frame(float(value)))
+    assert ticked.inbound.buffered_samples == 3 * FRAME
+    assert ticked.counters.dropped_overflow_samples == 7 * FRAME
+    assert ticked.take(plugin.silence_frame())[0] == 7.0
+
+
+async def test_frames_are_cut_from_any_chunking_and_padded_when_late() -> None:
+    clock = FakeClock()
+    plugin = RecordingPlugin(clock)
+    ticker = Ticker(plugin, clock=clock)
+    ticked = await ticker.open_session(RuntimeConfig(voice="a"), lambda o: None)
+    await ticker.close()
+    silence = plugin.silence_frame()
+    ticked.push(np.arange(3, dtype=np.float32))
+    ticked.push(np.arange(3, 6, dtype=np.float32))
+    np.testing.assert_array_equal(ticked.take(silence), [0, 1, 2, 3])
+    # Only two samples are there at the next tick: the frame is completed with silence.
+    np.testing.assert_array_equal(ticked.take(silence), [4, 5, 0, 0])
+    assert ticked.counters.padded == 1
+    np.testing.assert_array_equal(ticked.take(silence), [0, 0, 0, 0])
+    assert ticked.counters.silence_filled == 1
+
+
+async def test_standing_backlog_is_trimmed() -> None:
+    clock = FakeClock()
+    plugin = RecordingPlugin(clock)
+    ticker = Ticker(plugin, clock=clock, inbound_capacity=10)
+    ticked = await ticker.open_session(RuntimeConfig(voice="a"), lambda o: None)
+    await ticker.close()
+    silence = plugin.silence_frame()
+    # A burst left two extra frames queued; the caller keeps sending one frame per tick.
+    ticked.push(frame(0.0))
+    ticked.push(frame(0.0))
+    for _ in range(TRIM_WINDOW_TICKS * 2):
+        ticked.push(frame(1.0))
+        ticked.take(silence)
+    # Two frames waited a whole window for nothing: they are dropped once, not more.
+    assert ticked.counters.dropped_backlog_samples == 2 * FRAME
+    assert ticked.inbound.buffered_samples == 0
+
+
+async def test_jitter_cushion_is_kept_after_a_late_frame() -> None:
+    clock = FakeClock()
+    plugin = RecordingPlugin(clock)
+    ticker = Ticker(plugin, clock=clock, inbound_capacity=10)
+    ticked = await ticker.open_session(RuntimeConfig(voice="a"), lambda o: None)
+    await ticker.close()
+    silence = plugin.silence_frame()
+    ticked.push(frame(1.0)[:2])  # half a frame, then the rest arrives late
+    ticked.take(silence)
+    for _ in range(TRIM_WINDOW_TICKS * 3):
+        ticked.push(frame(1.0))
+        ticked.take(silence)
+    assert ticked.counters.padded == 1
+    assert ticked.counters.dropped_backlog_samples == 0
+
+
+async def test_restart_clears_queue_and_restarts_plugin_session(clock: FakeClock) -> None:
+    plugin = RecordingPlugin(clock)
+    ticker = Ticker(plugin, clock=clock)
+    ticked = await ticker.open_session(RuntimeConfig(voice="a"), lambda o: None)
+    await ticker.restart_session(ticked)
+    await ticker.close()
+    assert plugin.restarted == ["a"]
+
+
+async def test_a_failing_step_reports_errors_and_the_clock_goes_on(clock: FakeClock) -> None:
+    plugin = RecordingPlugin(clock)
+    calls = {"n": 0}
+    original = plugin.step
+
+    def flaky(batch):  # type: ignore[no-untyped-def]
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise RuntimeError("boom")
+        return original(batch)
+
+    plugin.step = flaky  # type: ignore[method-assign]
+    errors: list[Exception] = []
+    ticker = Ticker(plugin, clock=clock)
+    await ticker.open_session(RuntimeConfig(voice="a"), lambda o: None, errors.append)
+    await wait_for_ticks(plugin, 4)
+    await ticker.close()
+    assert len(errors) == 1 and ticker.counters.step_errors == 1
