@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Everything the test suite needs on a fresh Debian machine (run as root, or with sudo for apt).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+# System packages: Chromium for the browser tests, coturn for the TURN relay test.
+missing=()
+for pkg in chromium coturn; do
+  dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
+done
+if [ "${#missing[@]}" -gt 0 ]; then
+  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+
+python -m pip install -q --disable-pip-version-check -e ".[test]"
+# Test-only oracle: Kyutai's reference implementation. It pins an older torch and numpy, so it
+# goes in without its dependencies; its few imports are listed here.
+python -m pip install -q --disable-pip-version-check --no-deps "moshi==0.2.13"
+python -m pip install -q --disable-pip-version-check einops huggingface_hub
