@@ -203,3 +203,17 @@ def test_restore_token_cache_maps_columns(lm: LMModel) -> None:
 def test_missing_user_codes_is_an_error(lm: LMModel) -> None:
     with pytest.raises(ValueError, match="user_codes"):
         LMStepper(lm, 1).step(None)
+
+
+def test_bfloat16_compute_dtype_steps(lm: LMModel) -> None:
+    """The serving dtype runs the same code path (on CPU here) and yields in-range tokens."""
+    half = copy.deepcopy(lm).to(torch.bfloat16)
+    stepper = LMStepper(half, 2)
+    codes = _codes(11, 2, 6)
+    for t in range(6):
+        out = stepper.step(codes[:, :, t])
+        assert ((out.text_tokens >= 0) & (out.text_tokens < CONFIG["text_card"])).all()
+        if t > 0:
+            assert out.audio_valid.all()
+            assert ((out.audio_codes >= 0) & (out.audio_codes < CONFIG["card"])).all()
+    assert half.transformer.layers[0].self_attn.state["keys"].dtype == torch.bfloat16

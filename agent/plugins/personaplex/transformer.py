@@ -271,9 +271,9 @@ class StreamingMultiheadAttention(StreamingModule):
         # Positions already hide stale entries; zeroing only keeps snapshots clean. Done in
         # place so a reset never allocates a whole fresh cache.
         assert self.state is not None
-        mask = mask.to(self.state["keys"].device)
-        self.state["keys"][mask] = 0
-        self.state["values"][mask] = 0
+        slots = mask.to(self.state["keys"].device).view(-1, 1, 1, 1)
+        self.state["keys"].masked_fill_(slots, 0)
+        self.state["values"].masked_fill_(slots, 0)
 
     def _write_cache(self, k: torch.Tensor, v: torch.Tensor, ctx: StepContext) -> tuple[torch.Tensor, torch.Tensor]:
         assert self.state is not None and ctx.write_index is not None
