@@ -1,0 +1,85 @@
+"""TURN end to end: a caller forced to relay-only candidates reaches the agent through a
+real coturn server, using the ICE servers the agent advertises."""
+
+from __future__ import annotations
+
+import aiohttp
+from aiortc import RTCIceServer
+
+from agent.media_agent import AgentSettings
+from agent.peer import PEER_RATE
+from agent.testsignal import measure_echo
+from realtime_fixtures import RealtimeClient, realtime_clients  # noqa: F401
+from support import AgentFactory, all_freed, wait_until
+from turn_fixtures import TurnServer, turn_server  # noqa: F401
+
+
+def nominated_local_types(client: RealtimeClient) -> list[str]:
+    """Candidate types of the caller's selected ICE pairs (aioice internals, test only)."""
+    types = []
+    for transceiver in client.pc.getTransceivers():
+        connection = transceiver.sender.transport.transport._connection
+        types += [pair.local_candidate.type for pair in connection._nominated.values()]
+    return types
+
+
+def candidate_types(sdp: str) -> set[str]:
+    return {
+        line.split(" typ ", 1)[1].split()[0]
+        for line in sdp.splitlines() if line.startswith("a=candidate:") and " typ " in line
+    }
+
+
+async def test_relay_only_caller_through_coturn(
+    start_agent: AgentFactory, turn_server: TurnServer,
+    realtime_clients: list[RealtimeClient],
+) -> None:
+    servers = [RTCIceServer(urls=turn_server.url, username=turn_server.username,
+                            credential=turn_server.password)]
+    running = await start_agent(settings=AgentSettings(ice_servers=servers))
+
+    # The caller learns the ICE servers the way a browser page does.
+    async with aiohttp.ClientSession() as http:
+        async with http.get(running.url + "/v1/realtime/config") as response:
+            advertised = (await response.json())["ice_servers"]
+    learned = [RTCIceServer(urls=s["urls"], username=s.get("username"),
+                            credential=s.get("credential")) for s in advertised]
+    client = RealtimeClient(running.url, ice_servers=learned, relay_only=True)
+    realtime_clients.append(client)
+    await client.call(connect_timeout=20)
+
+    # The caller offered relay candidates only; the agent gathered a relay of its own too.
+    assert candidate_types(client.pc.localDescription.sdp) == {"relay"}
+    answer_types = candidate_types(client.pc.remoteDescription.sdp)
+    assert "relay" in answer_types and "host" in answer_types
+    assert client.response_headers.getall("Link") == [
+        f'<{turn_server.url}>; rel="ice-server"; username="{turn_server.username}"; '
+        f'credential="{turn_server.password}"; credential-type="password"'
+    ]
+
+    assert nominated_local_types(client) == ["relay"]
+
+    await client.wait_event("session.created")
+    await client.wait_audio(2.0)
+    echo = measure_echo(client.signal[: client.source.position], client.recording.samples(),
+                        PEER_RATE)
+    assert echo.correlation > 0.5, echo
+    # coturn really carried it: it logged the allocation for our user.
+    assert turn_server.username in turn_server.log()
+    async with aiohttp.ClientSession() as http:
+        async with http.delete(running.url + client.location) as response:
+            assert response.status == 200
+    await wait_until(lambda: all_freed(running))
+
+
+async def test_relay_only_caller_without_turn_cannot_connect(start_agent: AgentFactory) -> None:
+    """The control: relay-only with no TURN server has no candidates at all, so the relay
+    test above cannot pass over plain host candidates."""
+    running = await start_agent()
+    client = RealtimeClient(running.url, relay_only=True)
+    try:
+        sdp = await client.offer_sdp()
+        assert candidate_types(sdp) == set()
+    finally:
+        await client.close()
+    assert all_freed(running)
