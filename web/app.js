@@ -381,7 +381,12 @@ function onServerEvent(event) {
       state.endReason = { reason: event.reason ?? null, message: event.message ?? null };
       break;
     case "error":
-      showError(sessionError(event));
+      if (event.error?.code === "session_expired") {
+        // OpenAI's hard-end notice; the close that follows is explained by serverEnded.
+        state.endReason ??= { reason: "max_call_seconds", message: event.error.message ?? null };
+      } else {
+        showError(sessionError(event));
+      }
       break;
     default:
       break;
