@@ -96,6 +96,9 @@ def test_missing_config_means_moshi_7b_like_reference(tmp_path: Path) -> None:
     assert info.tokenizer_name == ref_loaders.TEXT_TOKENIZER_NAME
     assert info.mimi_config is None
     assert personaplex_7b_lm_kwargs()["dep_q"] == 16 and MOSHI_7B_LM_KWARGS["dep_q"] == 8
+    assert info.mimi_num_codebooks == 8
+    info.lm_kwargs = personaplex_7b_lm_kwargs()
+    assert info.mimi_num_codebooks == 8  # PersonaPlex's codec also runs 8 codebooks
 
 
 @pytest.mark.parametrize(

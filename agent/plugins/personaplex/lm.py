@@ -27,6 +27,13 @@ from .transformer import StreamingTransformer, make_norm
 ZERO_TOKEN_ID = -1  # an input position that contributes no embedding at all
 
 
+def agent_codebooks(n_q: int, dep_q: int) -> int:
+    """Agent audio codebooks per frame. Moshi (dep_q < n_q): the depformer predicts exactly
+    the agent stream. PersonaPlex (dep_q == n_q): it predicts agent then user streams, which
+    have the same size."""
+    return dep_q if dep_q < n_q else n_q // 2
+
+
 class ScaledEmbedding(nn.Embedding):
     """Embedding with the reference's options: -1 gives a zero vector, optional layer norm,
     optional low-rank factorisation, optional demuxing of two text streams."""
@@ -203,7 +210,7 @@ class LMModel(nn.Module):
     @property
     def num_agent_codebooks(self) -> int:
         """Agent audio codebooks the stepper generates (Moshi: dep_q; PersonaPlex: n_q / 2)."""
-        return self.dep_q if self.dep_q < self.n_q else self.n_q // 2
+        return agent_codebooks(self.n_q, self.dep_q)
 
     @property
     def num_user_codebooks(self) -> int:

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from safetensors import safe_open
 
-from .lm import LMModel
+from .lm import LMModel, agent_codebooks
 
 CONFIG_NAME = "config.json"
 DEFAULT_MOSHI_NAME = "model.safetensors"
@@ -94,8 +94,11 @@ class CheckpointInfo:
 
     @property
     def mimi_num_codebooks(self) -> int:
-        """Codebooks the codec must produce for this LM (the reference's rule)."""
-        return max(self.lm_kwargs["dep_q"], self.lm_kwargs["n_q"] - self.lm_kwargs["dep_q"])
+        """Codebooks the codec must produce for this LM: the larger of the agent and user
+        streams (8 for Moshi and for PersonaPlex, whose dep_q=16 covers both streams; the
+        reference rule max(dep_q, n_q - dep_q) would say 16 there)."""
+        agent = agent_codebooks(self.lm_kwargs["n_q"], self.lm_kwargs["dep_q"])
+        return max(agent, self.lm_kwargs["n_q"] - agent)
 
 
 def _local_name(value: Any, key: str) -> str:
