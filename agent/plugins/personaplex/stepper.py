@@ -16,7 +16,7 @@ position (sampling.py), so greedy tokens in a batch equal tokens stepped alone.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from contextlib import ExitStack, contextmanager
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
@@ -33,12 +33,12 @@ GREEDY = SamplingConfig()
 
 
 @contextmanager
-def state_prefix(model: nn.Module, count: int) -> Iterator[None]:
-    """Within the block every streaming layer of `model` sees only slots [0, count)."""
+def state_prefix(modules: Sequence[streaming.StreamingModule], count: int) -> Iterator[None]:
+    """Within the block each of `modules` sees only its slots [0, count)."""
     swapped: list[tuple[streaming.StreamingModule, dict[str, torch.Tensor]]] = []
-    for _, module in streaming.streaming_modules(model):
+    for module in modules:
         full = module.state
-        if full is None:
+        if full is None or next(iter(full.values())).shape[0] == count:
             continue
         module.state = {key: value[:count] for key, value in full.items()}
         swapped.append((module, full))
@@ -95,6 +95,10 @@ class BatchedStepper:
         self.n_agent = lm.num_agent_codebooks
         self.handles: list[SlotHandle] = []  # handles[i].slot == i
         self.device = lm.device
+        # Module lists are walked every tick: collect them once.
+        self._stateful = [m for _, m in streaming.streaming_modules(mimi)] + [
+            m for _, m in streaming.streaming_modules(self.lm_stepper)
+        ]
 
     @property
     def free_slots(self) -> int:
@@ -159,16 +163,12 @@ class BatchedStepper:
         audio_in[rows, 0] = torch.from_numpy(np.ascontiguousarray(frames)).to(
             device=self.device, dtype=self.mimi_dtype
         )
-        stepped = torch.zeros(count, dtype=torch.bool, device=self.device)
-        stepped[rows] = True
-        skipped = [slot for slot in range(count) if not bool(stepped[slot])]
+        skipped = sorted(set(range(count)) - {h.slot for h in handles})
         saved_codec = {slot: streaming.export_slot(self.mimi, slot) for slot in skipped}
 
-        with ExitStack() as stack:
-            stack.enter_context(state_prefix(self.mimi, count))
-            stack.enter_context(state_prefix(self.lm_stepper, count))
+        with state_prefix(self._stateful, count):
             user_codes = self.mimi.encode(audio_in)[:, : self.n_user, 0]
-            text, codes, valid = self._lm_step(handles, rows, count, user_codes, stepped)
+            text, codes, valid = self._lm_step(handles, count, user_codes, bool(skipped))
             audio_out = self._decode(codes, valid)
 
         for slot, snapshot in saved_codec.items():
@@ -182,10 +182,9 @@ class BatchedStepper:
     def _lm_step(
         self,
         handles: Sequence[SlotHandle],
-        rows: torch.Tensor,
         count: int,
         user_codes: torch.Tensor,
-        stepped: torch.Tensor,
+        any_skipped: bool,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """One LM step per distinct sampling config in the batch (normally exactly one)."""
         groups: dict[SamplingConfig, list[int]] = {}
@@ -196,7 +195,7 @@ class BatchedStepper:
         valid = torch.zeros(count, dtype=torch.bool, device=self.device)
         for config, slots in groups.items():
             active = None
-            if len(groups) > 1 or not bool(stepped.all()):
+            if len(groups) > 1 or any_skipped:
                 active = torch.zeros(count, dtype=torch.bool, device=self.device)
                 active[slots] = True
             self.lm_stepper.sampling = config
