@@ -29,14 +29,42 @@ def set_audio_jitter_prefetch(receiver: RTCRtpReceiver, packets: int) -> None:
     setattr(receiver, attribute, JitterBuffer(capacity=JITTER_CAPACITY, prefetch=packets))
 
 
+AUDIO_CODECS = ("opus", "PCMU", "PCMA")  # the audio codecs aiortc can negotiate
+
+
+def parse_codec_list(text: str) -> tuple[str, ...]:
+    """ "opus,pcmu" → ("opus", "PCMU"): canonical names, in the order given.
+
+    Raises ValueError for an unknown name or an empty list, so a typo fails at startup
+    instead of refusing every call with no_common_codec.
+    """
+    canonical = {name.lower(): name for name in AUDIO_CODECS}
+    names: list[str] = []
+    for part in text.split(","):
+        name = part.strip()
+        if not name:
+            continue
+        if name.lower() not in canonical:
+            raise ValueError(f"unknown audio codec '{name}' (known: {', '.join(AUDIO_CODECS)})")
+        if canonical[name.lower()] not in names:
+            names.append(canonical[name.lower()])
+    if not names:
+        raise ValueError("at least one audio codec is needed")
+    return tuple(names)
+
+
 def negotiated_codecs(transceiver: RTCRtpTransceiver) -> list[RTCRtpCodecParameters]:
     return list(getattr(transceiver, "_codecs", []))
 
 
 def restrict_codecs(transceiver: RTCRtpTransceiver, allowed: list[str]) -> list[str]:
-    """Keep only `allowed` codec names (e.g. ["opus", "PCMU"]) in the agent's preference order.
+    """Answer with the agent's first choice among the offered codecs that are `allowed`
+    (e.g. ["opus", "PCMU"], in the agent's preference order), and only that one.
 
-    Must run after setRemoteDescription and before createAnswer. Returns what is left.
+    One codec in the answer makes both directions use it: an aiortc offerer otherwise sends
+    with its own first preference among the answered codecs (a PCMU-first caller would send
+    PCMU while the agent sends Opus). Must run after setRemoteDescription and before
+    createAnswer. Returns what is left (empty: no common codec).
     """
     order = [name.lower() for name in allowed]
     codecs = [
@@ -44,6 +72,7 @@ def restrict_codecs(transceiver: RTCRtpTransceiver, allowed: list[str]) -> list[
         if codec.mimeType.split("/")[-1].lower() in order
     ]
     codecs.sort(key=lambda codec: order.index(codec.mimeType.split("/")[-1].lower()))
+    codecs = codecs[:1]
     transceiver._codecs = codecs  # type: ignore[attr-defined]
     return [codec.mimeType.split("/")[-1] for codec in codecs]
 

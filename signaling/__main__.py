@@ -13,12 +13,19 @@ from agent.media_agent import DEFAULT_CODECS, AgentSettings, MediaAgent
 from agent.call import CallSettings
 from agent.plugins.base import PluginError, PluginOptions
 from agent.plugins.registry import available_plugins, load_plugin
-from agent.rtc_tuning import limit_host_addresses
+from agent.rtc_tuning import limit_host_addresses, parse_codec_list
 
 from . import auth, cors, ice, telephony
 from .app import create_app
 
 log = logging.getLogger("signaling")
+
+
+def _codec_list(text: str) -> tuple[str, ...]:
+    try:
+        return parse_codec_list(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -54,7 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="end a call not connected (ICE+DTLS) within this many seconds")
     calls.add_argument("--jitter-buffer", type=int, default=1, metavar="PACKETS",
                        help="receive jitter buffer depth in 20 ms packets (aiortc: 4; default 1)")
-    calls.add_argument("--codecs", default=",".join(DEFAULT_CODECS),
+    calls.add_argument("--codecs", default=",".join(DEFAULT_CODECS), type=_codec_list,
                        help="accepted audio codecs in preference order (default opus,PCMU,PCMA)")
     calls.add_argument("--ice-host", action="append", default=None, metavar="ADDR",
                        help="gather ICE host candidates only on this address (repeatable; "
@@ -71,7 +78,7 @@ def settings_from_args(args: argparse.Namespace) -> AgentSettings:
     return AgentSettings(
         ice_servers=ice.ice_servers_from_args(args),
         jitter_prefetch_packets=max(0, args.jitter_buffer),
-        codecs=tuple(c.strip() for c in args.codecs.split(",") if c.strip()),
+        codecs=tuple(args.codecs),
         max_calls=args.max_sessions,
         call=CallSettings(
             idle_timeout=args.idle_timeout,

@@ -261,6 +261,10 @@ class Plugin(abc.ABC):
     def close_session(self, session: PluginSession) -> None:
         """Free the session's resources (ticker thread)."""
 
+    def handle_dtmf(self, session: PluginSession, digit: str) -> None:
+        """A telephone keypad digit ("0"-"9", "*", "#", "A"-"D") from the caller (ticker
+        thread). Telephony legs call it; a plugin that has no use for digits ignores them."""
+
     @abc.abstractmethod
     def step(self, batch: Sequence[tuple[PluginSession, np.ndarray]]) -> list[StepOutput]:
         """Advance every session in `batch` by one frame (ticker thread).

@@ -1,0 +1,147 @@
+"""A small jitter buffer for inbound RTP, keyed by sequence number, played on the leg's clock.
+
+Packets are held by (extended) sequence number and taken out one per 20 ms tick of the
+leg's pacer, after a prefetch of `depth` packets. So the plugin sees a steady stream on the
+agent's clock however the network bunched, delayed or reordered the packets (within the
+depth), and a missing packet is known to be lost exactly when its turn comes: it is played
+as a concealment of the one before. An empty buffer (the remote paused, or a long delay
+spike) stops playout and prefetches again; a buffer that grew past `max_span` (the remote's
+clock runs fast, or a burst) skips ahead so delay stays bounded.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+SEQ_MOD = 1 << 16
+RESYNC_GAP = 250  # packets (5 s at 20 ms): a jump this far means the stream restarted
+
+
+@dataclass
+class JitterStats:
+    received: int = 0
+    played: int = 0
+    reordered: int = 0  # arrived after a packet with a higher sequence number
+    late: int = 0  # duplicates, or arrived after their turn had passed
+    lost: int = 0  # turns with no packet while later ones were waiting (concealed)
+    underruns: int = 0  # turns with an empty buffer after playout had started
+    skipped: int = 0  # packets dropped to keep the delay bounded
+    resyncs: int = 0
+
+    def to_dict(self) -> dict[str, int]:
+        return dict(self.__dict__)
+
+
+class JitterBuffer:
+    def __init__(self, depth: int = 3, max_span: int | None = None) -> None:
+        self.depth = max(1, depth)
+        self.max_span = max_span if max_span is not None else 2 * self.depth + 2
+        self.stats = JitterStats()
+        self._held: dict[int, bytes] = {}  # extended sequence number → payload
+        self._next: int | None = None  # extended sequence number whose turn is next
+        self._highest: int | None = None
+        self._playing = False
+        self._prefetch_ticks = 0
+
+    @property
+    def held(self) -> int:
+        return len(self._held)
+
+    def reset(self) -> None:
+        """Forget the stream (a new SSRC); held packets are dropped."""
+        self._held.clear()
+        self._next = None
+        self._highest = None
+        self._playing = False
+        self._prefetch_ticks = 0
+
+    def _extend(self, seq: int) -> int:
+        """16-bit sequence number → a monotonic extended one, near the highest seen."""
+        if self._highest is None:
+            return seq
+        delta = (seq - self._highest) % SEQ_MOD
+        if delta >= SEQ_MOD // 2:
+            delta -= SEQ_MOD
+        return self._highest + delta
+
+    def push(self, seq: int, payload: bytes) -> None:
+        self.stats.received += 1
+        ext = self._extend(seq)
+        if self._next is None or abs(ext - self._next) > RESYNC_GAP:
+            if self._next is not None:
+                self.stats.resyncs += 1
+                self.reset()
+            self._next = ext
+        if ext < self._next:
+            if self._playing:
+                self.stats.late += 1
+                return
+            self._next = ext  # still prefetching: an earlier packet came in second
+        if ext in self._held:
+            self.stats.late += 1
+            return
+        if self._highest is not None and ext < self._highest:
+            self.stats.reordered += 1
+        if self._highest is None or ext > self._highest:
+            self._highest = ext
+        self._held[ext] = payload
+
+    def pop(self) -> tuple[bool, bytes | None]:
+        """This tick's packet: (False, None) nothing to play, (True, None) a lost packet to
+        conceal, (True, payload) audio."""
+        if self._next is None or self._highest is None:
+            return False, None
+        span = self._highest - self._next + 1
+        if not self._playing:
+            if not self._held:
+                return False, None
+            self._prefetch_ticks += 1
+            if span < self.depth and self._prefetch_ticks < self.depth:
+                return False, None
+            self._playing = True
+        if not self._held:
+            self.stats.underruns += 1
+            self._playing = False
+            self._prefetch_ticks = 0
+            self._next = self._highest + 1
+            return False, None
+        if span > self.max_span:
+            self._skip(span - self.depth)
+        payload = self._held.pop(self._next, None)
+        self._next += 1
+        if payload is None:
+            self.stats.lost += 1
+            return True, None
+        self.stats.played += 1
+        return True, payload
+
+    def _skip(self, count: int) -> None:
+        for seq in range(self._next, self._next + count):
+            if self._held.pop(seq, None) is not None:
+                self.stats.skipped += 1
+        self._next += count
+
+
+class Concealer:
+    """Turns played payloads into PCM; a lost packet repeats the last one, fading out."""
+
+    FADE = (0.5, 0.25)
+
+    def __init__(self, samples_per_packet: int) -> None:
+        self.samples_per_packet = samples_per_packet
+        self._last: np.ndarray | None = None
+        self._losses_in_a_row = 0
+
+    def fill(self, pcm: np.ndarray | None) -> np.ndarray:
+        if pcm is not None:
+            self._last = pcm
+            self._losses_in_a_row = 0
+            return pcm
+        run = self._losses_in_a_row
+        self._losses_in_a_row += 1
+        if self._last is None or run >= len(self.FADE):
+            length = len(self._last) if self._last is not None else self.samples_per_packet
+            return np.zeros(length, dtype=np.int16)
+        return (self._last.astype(np.float32) * self.FADE[run]).astype(np.int16)

@@ -1,0 +1,257 @@
+"""A plain RTP leg: the agent's end of a PBX "external media" stream.
+
+The agent binds a UDP port from a configured range and answers with it. With a `remote`
+address it takes RTP from that address only; without one it latches to the first source
+that sends it RTP (symmetric RTP, how Asterisk's External Media works: Asterisk is told the
+agent's address and the agent learns Asterisk's from the first packet). Packets from any
+other source, with another payload type, or that do not parse are counted and ignored.
+Inbound packets go through a small jitter buffer played on the leg's 20 ms clock (see
+rtp_jitter.py); the agent's audio goes back as RTP on the same tick (160 bytes of G.711, or
+640 bytes of L16/16000) to the remote.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import ipaddress
+import logging
+import random
+import secrets
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from aiortc.rtp import RtpPacket
+
+from ..errors import CallError
+from ..plugins.base import SessionConfig
+from .codec import NarrowbandCodec, codec_by_name, CODECS
+from .leg import TelephonyLeg
+from .rtp_jitter import Concealer, JitterBuffer
+
+if TYPE_CHECKING:
+    from ..call import CallSettings
+    from ..media_agent import MediaAgent
+
+log = logging.getLogger(__name__)
+
+DEFAULT_DYNAMIC_PAYLOAD_TYPE = 96
+DYNAMIC_PAYLOAD_TYPES = range(96, 128)
+MAX_DATAGRAM = 2048
+
+Address = tuple[str, int]
+
+
+@dataclass(frozen=True)
+class RtpSettings:
+    bind_host: str = "127.0.0.1"
+    advertised_host: str | None = None  # what `local` says; default: bind_host
+    port_min: int = 40000
+    port_max: int = 40999
+    jitter_packets: int = 3  # playout delay in 20 ms packets (absorbs reordering and jitter)
+
+    @property
+    def local_host(self) -> str:
+        return self.advertised_host or self.bind_host
+
+
+def parse_host_port(text: object, param: str) -> Address:
+    """ "HOST:PORT" or "[V6]:PORT" with an IP literal → (normalized ip, port)."""
+    if not isinstance(text, str) or not text.strip():
+        raise CallError("invalid_address", f"'{param}' must be \"HOST:PORT\"", param=param)
+    host, sep, port_text = text.strip().rpartition(":")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    try:
+        ip = ipaddress.ip_address(host)
+        port = int(port_text)
+    except ValueError:
+        raise CallError("invalid_address",
+                        f"'{param}' must be an IP address and a port, e.g. 192.0.2.10:4000",
+                        param=param) from None
+    if not sep or not 1 <= port <= 65535:
+        raise CallError("invalid_address", f"'{param}' has no valid port", param=param)
+    return str(ip), port
+
+
+def format_host_port(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def codec_from_request(name: object) -> NarrowbandCodec:
+    codec = codec_by_name(name) if isinstance(name, str) else None
+    if codec is None:
+        names = ", ".join(c.name for c in CODECS.values())
+        raise CallError("unsupported_codec", f"'codec' must be one of {names}", param="codec")
+    return codec
+
+
+class _RtpProtocol(asyncio.DatagramProtocol):
+    def __init__(self) -> None:
+        self.leg: RtpLeg | None = None
+
+    def datagram_received(self, data: bytes, addr: tuple[Any, ...]) -> None:
+        if self.leg is not None:
+            self.leg.on_datagram(data, addr)
+
+    def error_received(self, exc: Exception) -> None:
+        # ICMP port unreachable while the PBX side is not up yet: not a reason to end.
+        log.debug("rtp socket error: %r", exc)
+
+
+class RtpLeg(TelephonyLeg):
+    kind = "rtp"
+
+    def __init__(self, agent: MediaAgent, codec: NarrowbandCodec,
+                 transport: asyncio.DatagramTransport, local: Address, remote: Address | None,
+                 rtp: RtpSettings, settings: CallSettings | None = None) -> None:
+        super().__init__(agent, codec, settings)
+        self.transport = transport
+        self.local = local
+        self.remote = remote
+        self.latching = remote is None
+        self.jitter = JitterBuffer(rtp.jitter_packets)
+        self.concealer = Concealer(codec.samples_per_chunk)
+        self.remote_ssrc: int | None = None
+        self.packets_foreign = 0
+        self.packets_malformed = 0
+        self.packets_other_payload = 0
+        self.packets_sent = 0
+        self._payload_type = (
+            codec.payload_type if codec.payload_type is not None else DEFAULT_DYNAMIC_PAYLOAD_TYPE
+        )
+        self._ssrc = secrets.randbits(32)
+        self._sequence = secrets.randbits(16)
+        self._timestamp = secrets.randbits(32)
+        self._first_packet = True
+
+    @property
+    def local_text(self) -> str:
+        return format_host_port(*self.local)
+
+    # -- inbound ----------------------------------------------------------------------------
+
+    def on_datagram(self, data: bytes, addr: tuple[Any, ...]) -> None:
+        if self.closing:
+            return
+        source = (_normalize_ip(addr[0]), int(addr[1]))
+        if self.remote is not None and source != self.remote:
+            self.packets_foreign += 1
+            return
+        try:
+            packet = RtpPacket.parse(data)
+        except ValueError:
+            self.packets_malformed += 1
+            return
+        if not self._accepts_payload_type(packet.payload_type):
+            self.packets_other_payload += 1  # comfort noise, telephone-event, RTCP, ...
+            return
+        if self.remote is None:
+            self.remote = source
+            log.info("rtp %s latched to %s", self.id, format_host_port(*source))
+        if self.remote_ssrc != packet.ssrc:
+            if self.remote_ssrc is not None:
+                self.jitter.reset()
+            self.remote_ssrc = packet.ssrc
+        self.last_inbound_at = time.monotonic()
+        if self.media_started_at is None:
+            self.media_started_at = self.last_inbound_at
+        self.jitter.push(packet.sequence_number, packet.payload)
+
+    def _accepts_payload_type(self, payload_type: int) -> bool:
+        if self.codec.payload_type is not None:
+            return payload_type == self.codec.payload_type
+        if payload_type in DYNAMIC_PAYLOAD_TYPES:
+            self._payload_type = payload_type  # answer with whatever dynamic type it uses
+            return True
+        return False
+
+    def _play_one(self) -> None:
+        play, payload = self.jitter.pop()
+        if play:
+            pcm = self.codec.decode(payload) if payload is not None else None
+            self.push_inbound(self.concealer.fill(pcm))
+
+    # -- outbound ---------------------------------------------------------------------------
+
+    async def send_chunk(self, payload: bytes) -> None:
+        self._play_one()  # the inbound side runs on the same 20 ms clock
+        if self.remote is None:
+            return  # latching: nowhere to send until the remote speaks first
+        packet = RtpPacket(
+            payload_type=self._payload_type,
+            marker=1 if self._first_packet else 0,
+            sequence_number=self._sequence,
+            timestamp=self._timestamp,
+            ssrc=self._ssrc,
+            payload=payload,
+        )
+        self._first_packet = False
+        self._sequence = (self._sequence + 1) & 0xFFFF
+        self._timestamp = (self._timestamp + self.codec.samples_per_chunk) & 0xFFFFFFFF
+        self.transport.sendto(packet.serialize(), self.remote)
+        self.packets_sent += 1
+
+    async def close_transport(self, reason: str) -> None:
+        self.transport.close()
+
+    def stats(self) -> dict[str, Any]:
+        return {
+            **super().stats(),
+            "local": self.local_text,
+            "remote": format_host_port(*self.remote) if self.remote else None,
+            "payload_type": self._payload_type,
+            "packets_sent": self.packets_sent,
+            "packets_foreign": self.packets_foreign,
+            "packets_malformed": self.packets_malformed,
+            "packets_other_payload": self.packets_other_payload,
+            "jitter": self.jitter.stats.to_dict(),
+        }
+
+
+def _normalize_ip(host: str) -> str:
+    try:
+        return str(ipaddress.ip_address(host.split("%", 1)[0]))
+    except ValueError:
+        return host
+
+
+async def _bind_port(settings: RtpSettings) -> tuple[asyncio.DatagramTransport, _RtpProtocol, int]:
+    """Bind an even port in the range (RTP convention: RTCP would take the odd one above)."""
+    loop = asyncio.get_running_loop()
+    first = settings.port_min + (settings.port_min % 2)
+    ports = list(range(first, settings.port_max + 1, 2)) or [settings.port_min]
+    offset = random.randrange(len(ports))  # spread legs so a just-freed port rests a while
+    for port in ports[offset:] + ports[:offset]:
+        try:
+            transport, protocol = await loop.create_datagram_endpoint(
+                _RtpProtocol, local_addr=(settings.bind_host, port)
+            )
+        except OSError as exc:
+            if exc.errno in (errno.EADDRINUSE, errno.EACCES):
+                continue
+            raise CallError("rtp_bind_failed", f"could not open an RTP port: {exc.strerror}",
+                            status=500) from None
+        return transport, protocol, port  # type: ignore[return-value]
+    raise CallError("no_rtp_port", f"every RTP port in {settings.port_min}-{settings.port_max} "
+                    "is in use; retry later", status=503)
+
+
+async def open_rtp_leg(agent: MediaAgent, remote: Address | None, codec: NarrowbandCodec,
+                       session: SessionConfig, settings: RtpSettings) -> RtpLeg:
+    """Admit, bind, open the plugin session and start sending. Raises CallError/PluginError."""
+    with agent.admit():
+        transport, protocol, port = await _bind_port(settings)
+        leg = RtpLeg(agent, codec, transport, (settings.local_host, port), remote, settings)
+    protocol.leg = leg
+    try:
+        await leg.open_session(session)
+    except BaseException:
+        await leg.close("setup_failed")
+        raise
+    leg.start_watchdog()
+    leg.start_sending()
+    log.info("rtp %s start local=%s remote=%s codec=%s", leg.id, leg.local_text,
+             format_host_port(*remote) if remote else "latch", codec.name)
+    return leg

@@ -1,0 +1,175 @@
+"""Telephony routes: the media-stream websocket and plain RTP legs (HTTP side only).
+
+- `GET /v1/telephony/media-stream` (path configurable): a Twilio-style media-stream
+  websocket; the protocol lives in `agent.telephony.media_stream`. Bridges often cannot
+  set headers, so this path also takes the API key as `?token=KEY`.
+- `POST /v1/telephony/rtp` `{"remote": "HOST:PORT" (optional: latch to the first sender),
+  "codec": "PCMU"|"PCMA"|"L16/16000", "session": {...}}` → 201 `{"call_id", "local",
+  "codec", ...}`; `GET`/`DELETE /v1/telephony/rtp/{call_id}`.
+Admission (server full → 503 + Retry-After) and auth are the same as for WebRTC calls.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from dataclasses import dataclass, field
+
+from aiohttp import WSMsgType, web
+
+from agent.plugins.base import SessionConfig
+from agent.telephony.media_stream import MediaStreamSession
+from agent.telephony.rtp_leg import (
+    RtpLeg, RtpSettings, codec_from_request, open_rtp_leg, parse_host_port,
+)
+
+from .errors import ApiError, read_json_object
+from .keys import AGENT_KEY
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MEDIA_STREAM_PATH = "/v1/telephony/media-stream"
+RTP_PATH = "/v1/telephony/rtp"
+QUERY_TOKEN = "token"
+MAX_WS_MESSAGE_BYTES = 1 << 20  # larger frames close the socket; smaller bad ones get `error`
+
+
+@dataclass(frozen=True)
+class TelephonyConfig:
+    media_stream_path: str = DEFAULT_MEDIA_STREAM_PATH
+    rtp: RtpSettings = field(default_factory=RtpSettings)
+
+
+TELEPHONY_KEY = web.AppKey("telephony", TelephonyConfig)
+
+
+# -- auth seam: a query-string token becomes the Bearer header the auth middleware reads ----
+
+
+def query_token_middleware(paths: frozenset[str]) -> web.middleware:
+    @web.middleware
+    async def middleware(request: web.Request, handler):  # type: ignore[no-untyped-def]
+        token = request.query.get(QUERY_TOKEN)
+        if token and request.path in paths and "Authorization" not in request.headers:
+            request = request.clone(headers={**request.headers,
+                                             "Authorization": f"Bearer {token}"})
+        return await handler(request)
+
+    return middleware
+
+
+# -- media-stream websocket -------------------------------------------------------------------
+
+
+async def media_stream(request: web.Request) -> web.StreamResponse:
+    agent = request.app[AGENT_KEY]
+    socket = web.WebSocketResponse(max_msg_size=MAX_WS_MESSAGE_BYTES, compress=False)
+    if not socket.can_prepare(request).ok:
+        raise ApiError(426, "websocket_required", "this endpoint speaks WebSocket only",
+                       headers={"Upgrade": "websocket"})
+
+    async def close_socket(code: int, message: str) -> None:
+        await socket.close(code=code, message=message.encode("utf-8")[:120])
+
+    with agent.admit():  # a full server answers 503 before the upgrade
+        await socket.prepare(request)
+        session = MediaStreamSession(agent, socket.send_str, close_socket)
+    log.info("media stream %s open from %s", session.id, request.remote)
+    try:
+        async for message in socket:
+            if message.type in (WSMsgType.TEXT, WSMsgType.BINARY):
+                await session.handle_message(message.data)
+            if session.closing:
+                break
+    finally:
+        await session.close(session.end_reason or "socket_closed")
+    return socket
+
+
+# -- plain RTP legs ---------------------------------------------------------------------------
+
+
+async def post_rtp(request: web.Request) -> web.Response:
+    agent = request.app[AGENT_KEY]
+    settings = request.app[TELEPHONY_KEY].rtp
+    body = await read_json_object(request)
+    remote = parse_host_port(body["remote"], "remote") if body.get("remote") is not None else None
+    codec = codec_from_request(body.get("codec", "PCMU"))
+    session = SessionConfig.from_json(body.get("session"))
+    leg = await open_rtp_leg(agent, remote, codec, session, settings)
+    location = f"{RTP_PATH}/{leg.id}"
+    return web.json_response(
+        {"call_id": leg.id, "local": leg.local_text, "codec": codec.name,
+         "remote": body.get("remote"), "payload_type": leg.stats()["payload_type"]},
+        status=201, headers={"Location": location},
+    )
+
+
+def _rtp_leg(request: web.Request) -> RtpLeg:
+    leg = request.app[AGENT_KEY].sessions.get(request.match_info["call_id"])
+    if not isinstance(leg, RtpLeg):
+        raise ApiError(404, "not_found", "no such RTP leg")
+    return leg
+
+
+async def get_rtp(request: web.Request) -> web.Response:
+    return web.json_response(_rtp_leg(request).stats())
+
+
+async def delete_rtp(request: web.Request) -> web.Response:
+    leg = _rtp_leg(request)
+    await leg.close("hangup")
+    return web.json_response({"call_id": leg.id, "ended": True, "reason": leg.end_reason})
+
+
+def add_routes(app: web.Application, config: TelephonyConfig | None = None) -> None:
+    config = config or TelephonyConfig()
+    app[TELEPHONY_KEY] = config
+    # Outermost, so the token is in place before any auth middleware looks for it.
+    app.middlewares.insert(0, query_token_middleware(frozenset({config.media_stream_path})))
+    app.router.add_get(config.media_stream_path, media_stream)
+    app.router.add_post(RTP_PATH, post_rtp)
+    app.router.add_get(RTP_PATH + "/{call_id}", get_rtp)
+    app.router.add_delete(RTP_PATH + "/{call_id}", delete_rtp)
+
+
+# -- command line -----------------------------------------------------------------------------
+
+
+def _port_range(text: str) -> tuple[int, int]:
+    low, _, high = text.partition("-")
+    try:
+        first, last = int(low), int(high or low)
+    except ValueError:
+        raise argparse.ArgumentTypeError("expected MIN-MAX, e.g. 40000-40999") from None
+    if not 1024 <= first <= last <= 65535:
+        raise argparse.ArgumentTypeError("ports must satisfy 1024 <= MIN <= MAX <= 65535")
+    return first, last
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("telephony")
+    group.add_argument("--media-stream-path", default=DEFAULT_MEDIA_STREAM_PATH,
+                       help=f"websocket path for bridges (default {DEFAULT_MEDIA_STREAM_PATH})")
+    group.add_argument("--rtp-bind", default="127.0.0.1", metavar="ADDR",
+                       help="address RTP legs bind (default 127.0.0.1; 0.0.0.0 for a PBX elsewhere)")
+    group.add_argument("--rtp-advertise", default=None, metavar="ADDR",
+                       help="address returned as 'local' (default: --rtp-bind)")
+    group.add_argument("--rtp-ports", type=_port_range, default=(40000, 40999), metavar="MIN-MAX",
+                       help="UDP port range for RTP legs (default 40000-40999)")
+    group.add_argument("--rtp-jitter", type=int, default=3, metavar="PACKETS",
+                       help="RTP reorder depth in 20 ms packets (default 3)")
+
+
+def config_from_args(args: argparse.Namespace) -> TelephonyConfig:
+    path = args.media_stream_path if args.media_stream_path.startswith("/") else "/" + args.media_stream_path
+    advertised = args.rtp_advertise
+    if advertised is None and args.rtp_bind in ("0.0.0.0", "::"):
+        log.warning("--rtp-bind %s without --rtp-advertise: 'local' will not be reachable; "
+                    "set --rtp-advertise to this host's address", args.rtp_bind)
+    return TelephonyConfig(
+        media_stream_path=path,
+        rtp=RtpSettings(bind_host=args.rtp_bind, advertised_host=advertised,
+                        port_min=args.rtp_ports[0], port_max=args.rtp_ports[1],
+                        jitter_packets=max(1, args.rtp_jitter)),
+    )

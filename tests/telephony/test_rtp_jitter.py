@@ -1,0 +1,93 @@
+"""The RTP jitter buffer: order restored, losses found on their turn, bounded delay."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from agent.telephony.rtp_jitter import Concealer, JitterBuffer
+
+
+def _play_all(buffer: JitterBuffer, ticks: int) -> list[bytes | None]:
+    """What the leg would push in `ticks` turns (None: conceal); nothing-turns are skipped."""
+    out = []
+    for _ in range(ticks):
+        play, payload = buffer.pop()
+        if play:
+            out.append(payload)
+    return out
+
+
+def _payload(seq: int) -> bytes:
+    return seq.to_bytes(2, "big")
+
+
+def test_prefetches_then_plays_in_order_across_wraparound() -> None:
+    buffer = JitterBuffer(depth=3)
+    sequence = [65533, 65535, 65534, 0, 2, 1, 3]  # reordered pairs across the 16-bit wrap
+    assert buffer.pop() == (False, None)
+    buffer.push(sequence[0], _payload(sequence[0]))
+    assert buffer.pop() == (False, None)  # prefetching
+    for seq in sequence[1:]:
+        buffer.push(seq, _payload(seq))
+    played = _play_all(buffer, 10)
+    assert played == [_payload(s) for s in (65533, 65534, 65535, 0, 1, 2, 3)]
+    assert buffer.stats.reordered == 2 and buffer.stats.lost == 0 and buffer.stats.late == 0
+
+
+def test_a_lost_packet_is_concealed_on_its_turn_and_a_late_one_dropped() -> None:
+    buffer = JitterBuffer(depth=2)
+    for seq in (10, 11, 13, 14):
+        buffer.push(seq, _payload(seq))
+    played = _play_all(buffer, 4)
+    assert played == [_payload(10), _payload(11), None, _payload(13)]
+    buffer.push(12, _payload(12))  # its turn has passed
+    assert buffer.stats.late == 1 and buffer.stats.lost == 1
+    assert _play_all(buffer, 3) == [_payload(14)]
+    assert buffer.stats.underruns == 1  # empty after 14: playout stops and prefetches again
+
+
+def test_an_earlier_packet_during_prefetch_is_still_played() -> None:
+    buffer = JitterBuffer(depth=3)
+    buffer.push(101, _payload(101))
+    buffer.push(100, _payload(100))
+    buffer.push(102, _payload(102))
+    assert _play_all(buffer, 4) == [_payload(100), _payload(101), _payload(102)]
+    assert buffer.stats.late == 0
+
+
+def test_duplicates_are_dropped() -> None:
+    buffer = JitterBuffer(depth=1)
+    buffer.push(5, _payload(5))
+    buffer.push(5, _payload(5))
+    assert _play_all(buffer, 3) == [_payload(5)]
+    assert buffer.stats.late == 1
+
+
+def test_a_burst_is_skipped_down_to_the_depth() -> None:
+    buffer = JitterBuffer(depth=2, max_span=6)
+    for seq in range(20):
+        buffer.push(seq, _payload(seq))
+    played = _play_all(buffer, 3)
+    assert played[0] == _payload(18)  # 20 held > 6: skip to keep `depth` packets of delay
+    assert buffer.stats.skipped == 18
+
+
+def test_a_jump_or_new_stream_resyncs() -> None:
+    buffer = JitterBuffer(depth=1)
+    buffer.push(1000, _payload(1000))
+    assert _play_all(buffer, 1) == [_payload(1000)]
+    buffer.push(30000, _payload(30000))  # far away: the sender restarted its sequence
+    assert _play_all(buffer, 2) == [_payload(30000)]
+    assert buffer.stats.resyncs == 1
+
+
+def test_concealer_repeats_fading_then_silence() -> None:
+    concealer = Concealer(160)
+    assert np.array_equal(concealer.fill(None), np.zeros(160, np.int16))  # nothing to repeat
+    voice = np.full(160, 1000, dtype=np.int16)
+    assert np.array_equal(concealer.fill(voice), voice)
+    assert np.all(concealer.fill(None) == 500)
+    assert np.all(concealer.fill(None) == 250)
+    assert np.all(concealer.fill(None) == 0)
+    assert np.array_equal(concealer.fill(voice), voice)
+    assert np.all(concealer.fill(None) == 500)
