@@ -28,6 +28,13 @@ from agent.plugins.personaplex.tiny_checkpoint import mimi_architecture
 
 FRAME = 1920
 NUM_CODEBOOKS = 8
+DEVICE = torch.device("cpu")
+DTYPE = torch.float32
+
+
+def sync() -> None:
+    if DEVICE.type == "cuda":
+        torch.cuda.synchronize(DEVICE)
 
 
 def time_ticks(step: Callable[[torch.Tensor], torch.Tensor], audio: torch.Tensor) -> float:
@@ -35,15 +42,17 @@ def time_ticks(step: Callable[[torch.Tensor], torch.Tensor], audio: torch.Tensor
     times = []
     for t in range(audio.shape[-1] // FRAME):
         chunk = audio[..., t * FRAME : (t + 1) * FRAME]
+        sync()
         start = time.perf_counter()
         step(chunk)
+        sync()
         times.append((time.perf_counter() - start) * 1000)
     return statistics.median(times)
 
 
 def build_ours(config: dict, batch: int) -> Callable[[torch.Tensor], torch.Tensor]:
     torch.manual_seed(0)
-    model = build_mimi(config, "cpu", torch.float32)
+    model = build_mimi(config, DEVICE, DTYPE)
     model.set_num_codebooks(NUM_CODEBOOKS)
     start_streaming(model, batch)
     return lambda x: model.decode(model.encode(x))
@@ -55,7 +64,8 @@ def build_reference(config: dict, batch: int) -> Callable[[torch.Tensor], torch.
     except ImportError:
         return None
     torch.manual_seed(0)
-    model = loaders.get_mimi(None, copy.deepcopy(config), device="cpu", num_codebooks=NUM_CODEBOOKS)
+    # The reference runs float32 (as its server does); on CUDA it captures CUDA graphs itself.
+    model = loaders.get_mimi(None, copy.deepcopy(config), device=DEVICE, num_codebooks=NUM_CODEBOOKS)
     with torch.no_grad():
         for name, buffer in model.named_buffers():
             if name.endswith("embedding_sum"):
@@ -64,19 +74,21 @@ def build_reference(config: dict, batch: int) -> Callable[[torch.Tensor], torch.
     return lambda x: model.decode(model.encode(x))
 
 
-def measure(config: dict, batch: int, frames: int, rounds: int) -> tuple[float, float | None]:
+def measure(
+    config: dict, batch: int, frames: int, rounds: int, skip_reference: bool
+) -> tuple[float, float | None]:
     """Best-of-rounds median tick time; ours and the reference alternate round by round so
     that load from other processes hits both alike."""
     torch.manual_seed(1)
-    audio = torch.randn(batch, 1, FRAME * frames) * 0.3
-    ours_step, ref_step = build_ours(config, batch), build_reference(config, batch)
+    audio = (torch.randn(batch, 1, FRAME * frames) * 0.3).to(DEVICE)
+    ours_step, ref_step = build_ours(config, batch), None if skip_reference else build_reference(config, batch)
     ours_best, ref_best = float("inf"), float("inf")
     with torch.inference_mode():
-        ours_step(audio[..., :FRAME])  # warm-up (allocator, first-call dispatch)
+        ours_step(audio[..., :FRAME].to(DTYPE))  # warm-up (allocator, first-call dispatch)
         if ref_step is not None:
             ref_step(audio[..., :FRAME])
         for _ in range(rounds):
-            ours_best = min(ours_best, time_ticks(ours_step, audio))
+            ours_best = min(ours_best, time_ticks(ours_step, audio.to(DTYPE)))
             if ref_step is not None:
                 ref_best = min(ref_best, time_ticks(ref_step, audio))
     return ours_best, (ref_best if ref_step is not None else None)
@@ -91,11 +103,18 @@ def main() -> None:
         "--sizes", nargs="+", default=["tiny", "small"], help="tiny, small (checkpoint sizes) or standard (released Mimi)"
     )
     parser.add_argument("--batches", nargs="+", type=int, default=[1, 8])
+    parser.add_argument("--device", default="cpu", help="cpu or cuda (GPU plan: --device cuda --dtype bfloat16 "
+                        "--sizes standard --batches 1 8 32 64)")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    parser.add_argument("--no-reference", action="store_true", help="time only this project's Mimi")
     args = parser.parse_args()
+    global DEVICE, DTYPE
+    DEVICE, DTYPE = torch.device(args.device), getattr(torch, args.dtype)
     if args.threads:
         torch.set_num_threads(args.threads)
     print(
-        f"torch {torch.__version__}, {torch.get_num_threads()} threads; "
+        f"torch {torch.__version__}, {args.device} {args.dtype} (reference float32), "
+        f"{torch.get_num_threads()} threads; "
         f"ms per tick (encode+decode of one 1920-sample frame per slot), "
         f"best of {args.rounds} rounds of the median over {args.frames} frames"
     )
@@ -104,7 +123,7 @@ def main() -> None:
         config = copy.deepcopy(STANDARD_MIMI) if size == "standard" else mimi_architecture(size)
         base: float | None = None
         for batch in args.batches:
-            ours, ref = measure(config, batch, args.frames, args.rounds)
+            ours, ref = measure(config, batch, args.frames, args.rounds, args.no_reference)
             base = ours if base is None else base
             ratio = f"{ours / ref:9.2f}" if ref else f"{'-':>9}"
             ref_text = f"{ref:9.2f}" if ref else f"{'-':>9}"

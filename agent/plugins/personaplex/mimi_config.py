@@ -184,30 +184,37 @@ def build_mimi(
     """
     config = parse_mimi_config(mimi_config)
     try:
-        encoder = SEANetEncoder(**config.seanet)
-        decoder = SEANetDecoder(**config.seanet)
-        quantizer = SplitResidualVectorQuantizer(**config.quantizer)
-        encoder_transformer = decoder_transformer = None
-        if config.transformer is not None:
-            encoder_transformer = _build_transformer(config.transformer, device, dtype)
-            decoder_transformer = _build_transformer(config.transformer, device, dtype)
-        model = MimiModel(
-            encoder,
-            decoder,
-            quantizer,
-            encoder_transformer,
-            decoder_transformer,
-            sample_rate=config.sample_rate,
-            frame_rate=config.frame_rate,
-            channels=config.channels,
-        )
+        # Built on the target device directly: no host-side init and copy of the weights.
+        with torch.device(device):
+            model = _assemble(config, device, dtype)
     except (TypeError, ValueError) as exc:
         raise MimiConfigError(f"invalid Mimi architecture: {exc}") from exc
     model.to(device=device, dtype=dtype)
     for name, buffer in model.quantizer.named_buffers():
         if name.endswith(("embedding_sum", "cluster_usage")):
             buffer.data = buffer.data.float()
+    model.quantizer.refresh_centroids()
     return model.eval()
+
+
+def _assemble(config: MimiConfig, device: torch.device | str, dtype: torch.dtype) -> MimiModel:
+    # Same construction order as the reference, so a seed draws weights in the same sequence.
+    encoder = SEANetEncoder(**config.seanet)
+    decoder = SEANetDecoder(**config.seanet)
+    encoder_transformer = decoder_transformer = None
+    if config.transformer is not None:
+        encoder_transformer = _build_transformer(config.transformer, device, dtype)
+        decoder_transformer = _build_transformer(config.transformer, device, dtype)
+    return MimiModel(
+        encoder,
+        decoder,
+        SplitResidualVectorQuantizer(**config.quantizer),
+        encoder_transformer,
+        decoder_transformer,
+        sample_rate=config.sample_rate,
+        frame_rate=config.frame_rate,
+        channels=config.channels,
+    )
 
 
 def load_mimi(

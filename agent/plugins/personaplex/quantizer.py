@@ -189,6 +189,11 @@ class SplitResidualVectorQuantizer(nn.Module):
     def cardinality(self) -> int:
         return self.bins
 
+    def refresh_centroids(self) -> None:
+        """Rebuild the cached centroid tables now (not lazily inside a first, maybe graphed, step)."""
+        self.rvq_first.refresh_centroids()
+        self.rvq_rest.refresh_centroids()
+
     def set_num_codebooks(self, n: int) -> None:
         if not self.n_q_semantic <= n <= self.max_n_q:
             raise ValueError(
