@@ -63,6 +63,7 @@ class FakeServer:
         self.refused = 0
         self._transports: set[Any] = set()
         self._server: TestServer | None = None
+        self._port: int | None = None
         self._ids = itertools.count(1)
 
     @property
@@ -71,14 +72,16 @@ class FakeServer:
 
     @property
     def url(self) -> str:
-        assert self._server is not None
-        return f"ws://127.0.0.1:{self._server.port}{self.path}"
+        """Stays valid after the server stopped (a dead upstream keeps its address)."""
+        assert self._port is not None
+        return f"ws://127.0.0.1:{self._port}{self.path}"
 
     async def start(self) -> FakeServer:
         app = web.Application()
         app.router.add_get(self.path.split("?")[0], self._handle)
         self._server = TestServer(app, host="127.0.0.1")
         await self._server.start_server()
+        self._port = self._server.port
         return self
 
     async def kill(self) -> None:
