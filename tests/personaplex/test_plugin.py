@@ -132,6 +132,11 @@ def test_model_dir_errors(tmp_path: Path, tiny_checkpoint: Path, tiny_moshi_chec
     shutil.copytree(tiny_checkpoint, no_voices)
     shutil.rmtree(no_voices / "voices")
     assert _code(start, no_voices) == "model_dir_invalid"
+    corrupt = tmp_path / "corrupt"
+    shutil.copytree(tiny_checkpoint, corrupt)
+    weights = corrupt / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:1000])
+    assert _code(start, corrupt) == "model_dir_invalid"
     assert _code(start, tiny_moshi_checkpoint) == "model_config_unsupported"
     assert _code(start, tiny_checkpoint, MoshiPlugin) == "model_config_unsupported"
     assert _code(start, tiny_checkpoint, voice="../x.pt") == "invalid_voice"
@@ -178,3 +183,18 @@ def test_moshi_plugin(tiny_moshi_checkpoint: Path) -> None:
 def test_not_ready_before_start(tiny_checkpoint: Path) -> None:
     plugin = PersonaPlexPlugin(str(tiny_checkpoint))
     assert _code(_prepare, plugin) == "not_ready"
+
+
+def test_sessions_keep_their_prompt_when_the_cache_evicts_it(tiny_checkpoint: Path) -> None:
+    plugin = _start(PersonaPlexPlugin(str(tiny_checkpoint), max_sessions=2, prompt_cache_size=1))
+    try:
+        frames = speech_like_frames(seed=8, count=4)
+        first = plugin.create_session(_prepare(plugin, instructions="First persona."))
+        before = [plugin.step([(first, f)])[0].tokens for f in frames]
+        second = plugin.create_session(_prepare(plugin, instructions="Second persona."))
+        assert plugin._loaded().prompts.ready(("NATF2.pt", "First persona.")) is None  # evicted
+        plugin.restart_session(first)
+        after = [plugin.step([(first, f), (second, f)])[0].tokens for f in frames]
+        assert after == before
+    finally:
+        asyncio.run(plugin.close())

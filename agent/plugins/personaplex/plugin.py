@@ -21,6 +21,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 import torch
+from safetensors import SafetensorError
 
 from ..base import (
     Capabilities,
@@ -97,11 +98,16 @@ class LoadedModel:
     prompts: PromptCache | None
 
 
+# RuntimeConfig.options key holding the post-prompt snapshot a session opens from (server-side
+# only: the same name is a private extra_body key, so a client cannot set it).
+SNAPSHOT_OPTION = "prompt_snapshot"
+
+
 class PersonaPlexSession(PluginSession):
-    def __init__(self, config: RuntimeConfig, handle: SlotHandle, key: PromptKey, seed: int) -> None:
+    def __init__(self, config: RuntimeConfig, handle: SlotHandle, snapshot: Any, seed: int) -> None:
         super().__init__(config)
         self.handle = handle
-        self.prompt_key = key
+        self.snapshot = snapshot  # kept for restarts, whatever the prompt cache evicts
         self.seed = seed
         self.frames = 0
 
@@ -113,7 +119,8 @@ class PersonaPlexPlugin(Plugin):
     uses_prompt: ClassVar[bool] = True
 
     def __init__(self, model_dir: str | None, device: str = "cpu", dtype: str | None = None,
-                 max_sessions: int = 0, voice: str | None = None) -> None:
+                 max_sessions: int = 0, voice: str | None = None,
+                 prompt_cache_size: int | None = None) -> None:
         self.model_dir = model_dir
         self.device = parse_device(device)
         self.dtype = parse_dtype(dtype, self.device)
@@ -122,12 +129,16 @@ class PersonaPlexPlugin(Plugin):
             raise PluginError("invalid_max_sessions", "max_sessions must be >= 0", param="max_sessions")
         self.max_sessions = max_sessions or default_sessions
         self.default_voice = voice or (policy.DEFAULT_VOICE if self.uses_prompt else None)
+        # A snapshot holds one slot's whole KV cache (about 1.6 GB for the 7B model), so few
+        # are kept on a GPU; live sessions keep their own snapshot alive regardless.
+        self.prompt_cache_size = prompt_cache_size or (4 if self.device.type == "cuda" else 32)
         self.model: LoadedModel | None = None
 
     @classmethod
     def from_options(cls, options: PluginOptions) -> PersonaPlexPlugin:
+        cache_size = options.extra.get("prompt_cache_size")
         return cls(options.model_dir, options.device, options.dtype, options.max_sessions,
-                   options.voice)
+                   options.voice, int(cache_size) if cache_size else None)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -163,6 +174,8 @@ class PersonaPlexPlugin(Plugin):
             ) from exc
         except (mimi_config.MimiConfigError, ValueError, KeyError) as exc:
             raise checkpoint.unsupported_error(f"{files.model_dir}: {exc}") from exc
+        except (OSError, SafetensorError, RuntimeError) as exc:  # unreadable or corrupt files
+            raise checkpoint.model_dir_error(f"{files.model_dir}: {str(exc)[:500]}") from exc
 
     def _load_weights(self, files: checkpoint.CheckpointFiles) -> LoadedModel:
         import sentencepiece
@@ -184,7 +197,8 @@ class PersonaPlexPlugin(Plugin):
                              f"the plugin serves {FRAME_SIZE} @ {SAMPLE_RATE} Hz")
         prompts = None
         if self.uses_prompt:
-            prompts = PromptCache(lm, lambda voice, persona: self._plan(files, lm, tokenizer, voice, persona))
+            prompts = PromptCache(lm, lambda voice, persona: self._plan(files, lm, tokenizer, voice, persona),
+                                  capacity=self.prompt_cache_size)
         stepper = BatchedStepper(lm, mimi, self.max_sessions)
         log.info("%s: loaded %s on %s (%s), %d sessions", self.id, files.model_dir, self.device,
                  self.dtype, self.max_sessions)
@@ -228,12 +242,13 @@ class PersonaPlexPlugin(Plugin):
         kwargs = model.info.lm_kwargs
         sampling = policy.sampling_options(session_config.extra_body, int(kwargs["card"]),
                                            int(kwargs["text_card"]))
+        options: dict[str, Any] = {"sampling": sampling}
         if model.prompts is not None:
             try:
-                await model.prompts.get((voice, persona))
+                options[SNAPSHOT_OPTION] = await model.prompts.get((voice, persona))
             except ValueError as exc:  # a voice file that does not fit the model
                 raise checkpoint.model_dir_error(str(exc)) from exc
-        return RuntimeConfig(voice=voice, instructions=persona, options={"sampling": sampling})
+        return RuntimeConfig(voice=voice, instructions=persona, options=options)
 
     def runtime_config_for_update(self, current: RuntimeConfig, update: SessionConfig) -> RuntimeConfig:
         if update.voice is not None and update.voice != current.voice:
@@ -246,10 +261,14 @@ class PersonaPlexPlugin(Plugin):
 
     # ------------------------------------------------------------------ sessions (ticker thread)
 
-    def _snapshot(self, model: LoadedModel, key: PromptKey) -> Any:
+    def _snapshot(self, model: LoadedModel, config: RuntimeConfig) -> Any:
         if model.prompts is None:
             return None
-        # prepare_runtime_config made it; it is only missing if evicted since (then wait).
+        snapshot = config.options.get(SNAPSHOT_OPTION)
+        if snapshot is not None:
+            return snapshot
+        # A config not made by prepare_runtime_config: prefill now (blocks this thread once).
+        key: PromptKey = (config.voice, config.instructions)
         return model.prompts.ready(key) or model.prompts.get_blocking(key)
 
     def create_session(self, config: RuntimeConfig) -> PersonaPlexSession:
@@ -260,15 +279,14 @@ class PersonaPlexPlugin(Plugin):
                               status=503)
         options: policy.SamplingOptions = config.options.get("sampling", policy.SamplingOptions())
         seed = options.seed if options.seed is not None else secrets.randbits(31)
-        key = (config.voice, config.instructions) if self.uses_prompt else (None, None)
-        snapshot = self._snapshot(model, key)
+        snapshot = self._snapshot(model, config)
         handle = model.stepper.acquire(snapshot, to_sampling_config(options), seed)
-        return PersonaPlexSession(config, handle, key, seed)
+        return PersonaPlexSession(config, handle, snapshot, seed)
 
     def restart_session(self, session: PluginSession) -> None:
         assert isinstance(session, PersonaPlexSession)
         model = self._loaded()
-        model.stepper.load(session.handle, self._snapshot(model, session.prompt_key), session.seed)
+        model.stepper.load(session.handle, session.snapshot, session.seed)
         session.frames = 0
 
     def close_session(self, session: PluginSession) -> None:

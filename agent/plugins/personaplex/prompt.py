@@ -187,6 +187,9 @@ class PromptCache:
         self._pending: dict[PromptKey, concurrent.futures.Future[streaming.SlotSnapshot]] = {}
         self._capacity = capacity
         self.prefills_run = 0
+        # On a GPU the prefill gets its own stream, so its kernels overlap the ticker's
+        # instead of queueing in front of them.
+        self._stream = torch.cuda.Stream(lm.device) if lm.device.type == "cuda" else None
 
     def ready(self, key: PromptKey) -> streaming.SlotSnapshot | None:
         with self._lock:
@@ -218,9 +221,16 @@ class PromptCache:
         try:
             plan = self._plan_for(*key)
             mask = torch.ones(1, dtype=torch.bool, device=self._lm.device)
-            self._stepper.reset_slots(mask)
-            run_prefill(self._stepper, 0, plan)
-            snapshot = self._stepper.export_slot(0)
+            if self._stream is not None:
+                with torch.cuda.stream(self._stream):
+                    self._stepper.reset_slots(mask)
+                    run_prefill(self._stepper, 0, plan)
+                    snapshot = self._stepper.export_slot(0)
+                self._stream.synchronize()
+            else:
+                self._stepper.reset_slots(mask)
+                run_prefill(self._stepper, 0, plan)
+                snapshot = self._stepper.export_slot(0)
             with self._lock:
                 self._snapshots[key] = snapshot
                 self.prefills_run += 1
