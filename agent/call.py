@@ -20,8 +20,10 @@ from aiortc import RTCDataChannel, RTCPeerConnection
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
 from .clock import MonotonicClock
-from .events import EventChannel, error_event, error_event_from, parse_client_event, server_event
-from .framing import FrameAssembler, chunk_size
+from .events import (
+    EventChannel, error_event, error_event_from, parse_client_event, peek_event_id, server_event,
+)
+from .framing import FrameAssembler
 from .outbound import AgentAudioTrack
 from .playout import PlayoutBuffer
 from .realtime_session import session_config_from_realtime
@@ -170,11 +172,10 @@ class Call:
 
     async def _read_inbound(self, track: MediaStreamTrack) -> None:
         capabilities = self.capabilities
-        # 20 ms chunks: the ticker cuts its frames from them, so a frame is ready as soon as
-        # its last packet arrives rather than at the next 80 ms boundary of the caller's audio.
-        assembler = FrameAssembler(
-            capabilities.sample_rate, chunk_size(capabilities.frame_size), capabilities.channels
-        )
+        # No re-chunking here: the ticker cuts its frames from whatever has arrived, so a frame
+        # is ready as soon as its last packet is decoded (a fixed chunk size would hold each
+        # packet back until the resampler's filter delay is filled by the next one).
+        assembler = FrameAssembler(capabilities.sample_rate, None, capabilities.channels)
         while True:
             try:
                 frame = await track.recv()
@@ -269,12 +270,16 @@ class Call:
 
     def describe_session(self) -> dict[str, Any]:
         config = self.ticked.config if self.ticked is not None else None
+        described = config.describe() if config is not None else {}
         return {
+            "type": "realtime",
             "id": self.id,
             "object": "realtime.session",
             "model": self.plugin.id,
             "plugin": self.plugin.id,
-            **(config.describe() if config is not None else {}),
+            **described,
+            # Where OpenAI Realtime clients read the voice.
+            "audio": {"output": {"voice": described.get("voice")}},
             "capabilities": self.capabilities.to_dict(),
         }
 
@@ -298,7 +303,7 @@ class Call:
             client_event_id = event.get("event_id")
             await self.dispatch(event)
         except PluginError as exc:
-            self.events.send(error_event_from(exc, client_event_id))
+            self.events.send(error_event_from(exc, client_event_id or peek_event_id(raw)))
         except Exception:
             log.exception("call %s: client event failed", self.id)
             self.events.send(

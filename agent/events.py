@@ -109,3 +109,16 @@ def parse_client_event(raw: str | bytes) -> dict[str, Any]:
     if client_event_id is not None and not isinstance(client_event_id, str):
         raise PluginError("invalid_type", "'event_id' must be a string", param="event_id")
     return event
+
+
+def peek_event_id(raw: str | bytes) -> str | None:
+    """The client's `event_id` from an event that failed validation, to echo on the error."""
+    if len(raw) > MAX_CLIENT_EVENT_BYTES:
+        return None
+    try:
+        event = json.loads(raw)
+    except (ValueError, UnicodeDecodeError):
+        return None
+    if isinstance(event, dict) and isinstance(event.get("event_id"), str):
+        return event["event_id"]
+    return None

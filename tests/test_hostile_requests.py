@@ -248,6 +248,8 @@ async def test_hostile_data_channel_events(start_agent: AgentFactory,
     # The client event id is echoed on the error it caused.
     mark = await client.send_event({"type": "bogus", "event_id": "evt_42"})
     assert (await client.wait_event("error", after=mark))["error"]["event_id"] == "evt_42"
+    mark = await client.send_event({"event_id": "evt_43"})  # refused before dispatch
+    assert (await client.wait_event("error", after=mark))["error"]["event_id"] == "evt_43"
     # The session is still open and still takes good events.
     mark = await client.send_event({"type": "session.update",
                                     "session": {"instructions": "still here"}})

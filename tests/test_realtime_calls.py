@@ -36,11 +36,24 @@ async def test_sdp_call_full_flow(start_agent: AgentFactory,
     updated = await client.wait_event("session.updated", after=mark)
     assert updated["session"]["instructions"] == "be brief"
     assert updated["session"]["voice"] == "alloy"
+    assert updated["session"]["audio"]["output"]["voice"] == "alloy"
+    assert updated["session"]["type"] == "realtime"
 
     await client.wait_audio(2.5)
     sent = client.signal[: client.source.position]
     echo = measure_echo(sent, client.recording.samples(), PEER_RATE)
     assert echo.correlation > 0.5, echo
+
+    # The echo of the caller's signal is agent speech: it starts, and a barge-in clears it.
+    await client.wait_event("output_audio_buffer.started")
+    for barge_in in ("response.cancel", "output_audio_buffer.clear"):
+        mark = await client.send_event({"type": barge_in, "event_id": f"evt_{barge_in}"})
+        cleared = await client.wait_event("output_audio_buffer.cleared", after=mark)
+        assert isinstance(cleared["dropped_ms"], int) and cleared["dropped_ms"] >= 0
+        assert client.call_id in running.agent.calls
+    # The call goes on in the new epoch: audio keeps arriving without renegotiation.
+    heard = client.received_seconds
+    await client.wait_audio(heard + 0.5)
 
     async with aiohttp.ClientSession() as http:
         async with http.delete(running.url + client.location) as response:
