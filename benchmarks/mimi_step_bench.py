@@ -23,6 +23,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
 from agent.plugins.personaplex.mimi_config import STANDARD_MIMI, build_mimi
+from agent.plugins.personaplex.mimi_graph import GraphedMimi
 from agent.plugins.personaplex.streaming import start_streaming
 from agent.plugins.personaplex.tiny_checkpoint import mimi_architecture
 
@@ -30,6 +31,7 @@ FRAME = 1920
 NUM_CODEBOOKS = 8
 DEVICE = torch.device("cpu")
 DTYPE = torch.float32
+USE_GRAPH = False
 
 
 def sync() -> None:
@@ -55,6 +57,9 @@ def build_ours(config: dict, batch: int) -> Callable[[torch.Tensor], torch.Tenso
     model = build_mimi(config, DEVICE, DTYPE)
     model.set_num_codebooks(NUM_CODEBOOKS)
     start_streaming(model, batch)
+    if USE_GRAPH:
+        graphed = GraphedMimi(model)
+        return lambda x: graphed.decode(graphed.encode(x))
     return lambda x: model.decode(model.encode(x))
 
 
@@ -104,16 +109,18 @@ def main() -> None:
     )
     parser.add_argument("--batches", nargs="+", type=int, default=[1, 8])
     parser.add_argument("--device", default="cpu", help="cpu or cuda (GPU plan: --device cuda --dtype bfloat16 "
-                        "--sizes standard --batches 1 8 32 64)")
+                        "--graph --sizes standard --batches 1 8 32 64)")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     parser.add_argument("--no-reference", action="store_true", help="time only this project's Mimi")
+    parser.add_argument("--graph", action="store_true", help="replay ours as CUDA graphs (GraphedMimi)")
     args = parser.parse_args()
-    global DEVICE, DTYPE
-    DEVICE, DTYPE = torch.device(args.device), getattr(torch, args.dtype)
+    global DEVICE, DTYPE, USE_GRAPH
+    DEVICE, DTYPE, USE_GRAPH = torch.device(args.device), getattr(torch, args.dtype), args.graph
     if args.threads:
         torch.set_num_threads(args.threads)
     print(
-        f"torch {torch.__version__}, {args.device} {args.dtype} (reference float32), "
+        f"torch {torch.__version__}, {args.device} {args.dtype}{' graphed' if args.graph else ''} "
+        f"(reference float32), "
         f"{torch.get_num_threads()} threads; "
         f"ms per tick (encode+decode of one 1920-sample frame per slot), "
         f"best of {args.rounds} rounds of the median over {args.frames} frames"
