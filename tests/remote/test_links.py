@@ -234,3 +234,17 @@ async def test_client_extra_body_is_refused_before_any_engine_is_used(
     assert refused.value.code == "unknown_option"
     assert fake.sessions == []
     await finish(driver, [fake])
+
+
+async def test_the_engine_is_not_called_stalled_while_the_call_is_still_connecting(
+    start_fake: StartFake,
+) -> None:
+    fake = await start_fake("vllm")
+    driver = Driver(VllmOmniPlugin([fake.url], settings=FAST))
+    session = await driver.open()
+    await asyncio.sleep(FAST.stall_timeout * 1.5)  # ICE/DTLS before the first frame
+    outputs = await driver.run_until(session, lambda outs: sum(loud(o) for o in outs) >= 5,
+                                     signal=tone(1.0))
+    assert not any(o.error for o in outputs)
+    await driver.close(session)
+    await finish(driver, [fake])

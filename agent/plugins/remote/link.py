@@ -106,6 +106,7 @@ class UpstreamLink(abc.ABC):
         self._segment_end = False
         self._held_frames = 0  # input frames inside the encoder, not yet in a payload
         self.last_inbound_at = time.monotonic()
+        self._first_input_at: float | None = None
         self.frames_in = 0
         self.dropped_input_frames = 0
         self.notices_received = 0
@@ -333,6 +334,8 @@ class UpstreamLink(abc.ABC):
         return StepOutput(audio=audio, text=text, segment_end=segment_end, error=notice)
 
     def _send_input(self, frame: np.ndarray, now: float) -> None:
+        if self._first_input_at is None:
+            self._first_input_at = now
         self.frames_in += 1
         mono = frame if frame.ndim == 1 else frame.mean(axis=1)
         payload = self.encode_input(np.ascontiguousarray(mono, dtype=np.float32))
@@ -363,7 +366,10 @@ class UpstreamLink(abc.ABC):
                 self._notices.append(entry[1])
 
     def _check_stall(self, now: float) -> None:
-        silent_for = now - self.last_inbound_at
+        # The engine owes us output only once we send input: the call may be claimed a while
+        # after the handshake (ICE, DTLS), and that wait is not the engine's silence.
+        assert self._first_input_at is not None
+        silent_for = now - max(self.last_inbound_at, self._first_input_at)
         if silent_for > self.settings.stall_timeout:
             raise UpstreamError(
                 "upstream_stalled",
