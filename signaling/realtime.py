@@ -32,6 +32,7 @@ SDP_TYPE = "application/sdp"
 MULTIPART_TYPE = "multipart/form-data"
 TRICKLE_TYPE = "application/trickle-ice-sdpfrag"
 MAX_SESSION_JSON_BYTES = 64 * 1024
+MAX_MULTIPART_BYTES = MAX_SDP_BYTES + MAX_SESSION_JSON_BYTES + 8 * 1024
 
 
 @dataclass
@@ -112,6 +113,12 @@ async def read_offer(request: web.Request) -> tuple[str, SessionConfig | None]:
 
 
 async def read_multipart_offer(request: web.Request) -> tuple[str, SessionConfig | None]:
+    # Streaming multipart reads bypass aiohttp's body limit, so bound the whole body here.
+    if request.content_length is None:
+        raise ApiError(411, "length_required", "multipart offers need a Content-Length")
+    if request.content_length > MAX_MULTIPART_BYTES:
+        raise ApiError(413, "body_too_large",
+                       f"multipart offers are limited to {MAX_MULTIPART_BYTES} bytes")
     try:
         reader = await request.multipart()
     except Exception:

@@ -48,6 +48,14 @@ def form(fields: list[tuple[str, str]]) -> aiohttp.FormData:
     return data
 
 
+async def chunked_body(data: bytes):  # noqa: ANN201 - an async generator body
+    yield data
+
+
+def chunked(data: bytes) -> Any:
+    return chunked_body(data)
+
+
 def offer_requests(sdp: str) -> list[tuple[str, dict[str, Any], int, str]]:
     """(label, request kwargs, status, code) for POST /v1/realtime/calls."""
     session = lambda obj: form([("sdp", sdp), ("session", json.dumps(obj))])  # noqa: E731
@@ -79,6 +87,10 @@ def offer_requests(sdp: str) -> list[tuple[str, dict[str, Any], int, str]]:
             "Content-Type": "multipart/form-data; boundary=xyz"}}, 400, "invalid_multipart"),
         ("multipart no boundary", {"data": b"x", "headers": {
             "Content-Type": "multipart/form-data"}}, 400, "invalid_multipart"),
+        ("multipart 1 MiB", {"data": form([("sdp", sdp), ("session", json.dumps(
+            {"instructions": "x" * (1 << 20)}))])}, 413, "body_too_large"),
+        ("multipart chunked", {"data": chunked(b"--b\r\n"), "headers": {
+            "Content-Type": "multipart/form-data; boundary=b"}}, 411, "length_required"),
         ("session not object", {"data": session(["voice"])}, 400, "invalid_type"),
         ("session type", {"data": session({"type": "transcription"})}, 400, "invalid_value"),
         ("voice number", {"data": session({"audio": {"output": {"voice": 5}}})}, 400,

@@ -185,3 +185,16 @@ async def test_options_preflight_and_cors_headers(start_agent: AgentFactory) -> 
                              headers={"Content-Type": "text/plain"}) as response:
             assert response.status == 415
             assert response.headers["Access-Control-Allow-Origin"] == "*"
+
+
+async def test_headless_peer_speaks_the_realtime_route(start_agent: AgentFactory) -> None:
+    from agent.peer import run_call
+    from signaling.auth import AuthSettings
+
+    running = await start_agent(auth=AuthSettings(api_keys=("sk-peer",)))
+    report, _, _ = await run_call(running.url + CALLS, seconds=1.5,
+                                  headers={"Authorization": "Bearer sk-peer"})
+    assert report.ok, report
+    assert report.call_id and report.call_id.startswith("call_")
+    assert "session.created" in report.events
+    await wait_until(lambda: all_freed(running))
