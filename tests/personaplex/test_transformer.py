@@ -253,3 +253,31 @@ def test_export_import_slot_snapshot(tmp_path: Path) -> None:
         tail = x[:, 9:].expand(3, -1, -1)
         outs = torch.cat([ours(tail[:, t : t + 1]) for t in range(6)], dim=1)
     torch.testing.assert_close(outs[2], outs[0], atol=1e-5, rtol=1e-5)
+
+
+def test_snapshot_holds_only_the_filled_ring_and_imports_into_a_used_slot(tmp_path: Path) -> None:
+    _, ours = _build_lm_style(tmp_path)  # context 8
+    x = torch.randn(3, 20, 48)
+    streaming.start_streaming(ours, 3)
+    with torch.no_grad():
+        for t in range(3):
+            ours(x[:1, t : t + 1].expand(3, -1, -1))
+        short = streaming.export_slot(ours, 0)
+        for t in range(3, 12):
+            ours(x[:1, t : t + 1].expand(3, -1, -1))
+        wrapped = streaming.export_slot(ours, 0)
+        assert short["layers.0.self_attn:keys"].shape[1] == 3
+        assert wrapped["layers.0.self_attn:keys"].shape[1] == 8
+        # Slot 1 has 12 frames of history; after the import it continues exactly like a
+        # slot that only ever saw the first 3 frames.
+        streaming.start_streaming(ours, 1)
+        for t in range(3):
+            ours(x[:1, t : t + 1])
+        expected = torch.cat([ours(x[2:3, t : t + 1]) for t in range(3, 10)], dim=1)
+    streaming.start_streaming(ours, 3)
+    with torch.no_grad():
+        for t in range(12):
+            ours(x[:1, t : t + 1].expand(3, -1, -1))
+        streaming.import_slot(ours, 1, short)
+        got = torch.cat([ours(x[2:3, t : t + 1].expand(3, -1, -1))[1:2] for t in range(3, 10)], dim=1)
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)

@@ -37,6 +37,18 @@ class StreamingModule(nn.Module):
     def is_streaming(self) -> bool:
         return self.state is not None
 
+    def export_slot_state(self, slot: int) -> dict[str, torch.Tensor]:
+        """A copy of one slot's state. Layers whose state is mostly unused space (a KV cache
+        early in a call) override this to store only what is filled."""
+        assert self.state is not None
+        return {key: value[slot].clone() for key, value in self.state.items()}
+
+    def import_slot_state(self, slot: int, snapshot: dict[str, torch.Tensor]) -> None:
+        """Inverse of `export_slot_state`: overwrite one slot's state in place."""
+        assert self.state is not None
+        for key, value in self.state.items():
+            value[slot].copy_(snapshot[key])
+
     def reset_state_slots(self, mask: torch.Tensor) -> None:
         """Put the masked slots back to their fresh state. Layers with big state (KV caches)
         override this to reset in place instead of building a whole fresh state."""
@@ -76,8 +88,8 @@ def export_slot(model: nn.Module, slot: int) -> SlotSnapshot:
     for name, module in streaming_modules(model):
         if module.state is None:
             continue
-        for key, value in module.state.items():
-            snapshot[f"{name}:{key}"] = value[slot].clone()
+        for key, value in module.export_slot_state(slot).items():
+            snapshot[f"{name}:{key}"] = value
     return snapshot
 
 
@@ -85,5 +97,4 @@ def import_slot(model: nn.Module, slot: int, snapshot: SlotSnapshot) -> None:
     for name, module in streaming_modules(model):
         if module.state is None:
             continue
-        for key, value in module.state.items():
-            value[slot].copy_(snapshot[f"{name}:{key}"])
+        module.import_slot_state(slot, {key: snapshot[f"{name}:{key}"] for key in module.state})

@@ -265,15 +265,39 @@ class StreamingMultiheadAttention(StreamingModule):
         return {
             "keys": torch.zeros(shape, device=weight.device, dtype=weight.dtype),
             "values": torch.zeros(shape, device=weight.device, dtype=weight.dtype),
+            # Ring entries written so far (capped at capacity): a slot always starts at
+            # position 0, so entries [0, filled) are the only ones holding anything.
+            "filled": torch.zeros(batch_size, device=weight.device, dtype=torch.long),
         }
 
     def reset_state_slots(self, mask: torch.Tensor) -> None:
         # Positions already hide stale entries; zeroing only keeps snapshots clean. Done in
         # place so a reset never allocates a whole fresh cache.
         assert self.state is not None
-        slots = mask.to(self.state["keys"].device).view(-1, 1, 1, 1)
-        self.state["keys"].masked_fill_(slots, 0)
-        self.state["values"].masked_fill_(slots, 0)
+        slots = mask.to(self.state["keys"].device)
+        self.state["keys"].masked_fill_(slots.view(-1, 1, 1, 1), 0)
+        self.state["values"].masked_fill_(slots.view(-1, 1, 1, 1), 0)
+        self.state["filled"].masked_fill_(slots, 0)
+
+    def export_slot_state(self, slot: int) -> dict[str, torch.Tensor]:
+        """Only the filled part of the ring: a prompt snapshot of a 7B model holds a few
+        hundred frames, not the whole 3000-frame cache."""
+        assert self.state is not None
+        filled = int(self.state["filled"][slot])
+        return {
+            "keys": self.state["keys"][slot, :, :filled].clone(),
+            "values": self.state["values"][slot, :, :filled].clone(),
+            "filled": self.state["filled"][slot].clone(),
+        }
+
+    def import_slot_state(self, slot: int, snapshot: dict[str, torch.Tensor]) -> None:
+        assert self.state is not None
+        for key in ("keys", "values"):
+            stored = snapshot[key]
+            target = self.state[key][slot]
+            target[:, : stored.shape[1]].copy_(stored)
+            target[:, stored.shape[1] :].zero_()
+        self.state["filled"][slot].copy_(snapshot["filled"])
 
     def _write_cache(self, k: torch.Tensor, v: torch.Tensor, ctx: StepContext) -> tuple[torch.Tensor, torch.Tensor]:
         assert self.state is not None and ctx.write_index is not None
@@ -286,6 +310,9 @@ class StreamingMultiheadAttention(StreamingModule):
             v = torch.where(keep, values.gather(2, index), v)
         keys.scatter_(2, index, k)
         values.scatter_(2, index, v)
+        filled = self.state["filled"]
+        written = t if ctx.active is None else ctx.active.to(filled.dtype) * t
+        filled.add_(written).clamp_(max=keys.shape[2])
         return keys, values
 
     def forward(self, x: torch.Tensor, ctx: StepContext) -> torch.Tensor:
