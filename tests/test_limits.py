@@ -105,3 +105,18 @@ async def test_unconnected_call_times_out_and_frees_its_slot(start_agent: AgentF
         async with http.post(running.url + CALLS, data=sdp,
                              headers={"Content-Type": "application/sdp"}) as response:
             assert response.status == 201
+
+
+async def test_caller_closing_its_peer_frees_the_slot(
+    start_agent: AgentFactory, realtime_clients: list[RealtimeClient]
+) -> None:
+    running = await start_agent(settings=AgentSettings(max_calls=1))
+    client = RealtimeClient(running.url)
+    realtime_clients.append(client)
+    await client.call()
+    await client.wait_audio(0.3)
+    closed_at = time.monotonic()
+    await client.close()  # a browser tab closing: DTLS close, no HTTP request
+    await wait_until(lambda: all_freed(running), timeout=10)
+    print(f"slot freed {(time.monotonic() - closed_at) * 1000:.0f} ms after the caller closed")
+    assert running.agent.calls == {}

@@ -198,3 +198,59 @@ async def test_headless_peer_speaks_the_realtime_route(start_agent: AgentFactory
     assert report.call_id and report.call_id.startswith("call_")
     assert "session.created" in report.events
     await wait_until(lambda: all_freed(running))
+
+
+async def test_transcripts_speech_events_and_update_policy(
+    start_agent: AgentFactory, realtime_clients: list[RealtimeClient]
+) -> None:
+    import numpy as np
+
+    from text_echo_plugin import VOICES, TextEchoPlugin
+
+    running = await start_agent(plugin=TextEchoPlugin(frames_per_word=2))
+    # One second of tone, then silence: the agent speaks, then stops.
+    t = np.arange(PEER_RATE) / PEER_RATE
+    tone = (0.3 * np.sin(2 * np.pi * 440 * t)).astype(np.float32)
+    client = RealtimeClient(running.url, signal=tone)
+    realtime_clients.append(client)
+    await client.call({"audio": {"output": {"voice": VOICES[1]}}}, multipart=True)
+    created = await client.wait_event("session.created")
+    assert created["session"]["voice"] == VOICES[1]
+    assert created["session"]["capabilities"]["voices"] == list(VOICES)
+
+    # The model talks from the first frame, maybe before the channel opened: judge the
+    # segment after the first complete one, whose every delta was delivered.
+    first_done = await client.wait_event("response.output_audio_transcript.done")
+    start = client.events.index(first_done) + 1
+    done = await client.wait_event("response.output_audio_transcript.done", after=start)
+    deltas = [e for e in client.events[start: client.events.index(done)]
+              if e["type"] == "response.output_audio_transcript.delta"]
+    assert "".join(e["delta"] for e in deltas) == done["transcript"]
+    assert done["transcript"] in ("Hello there. ", "This is the test agent speaking. ")
+    assert {e["response_id"] for e in deltas} == {done["response_id"]}
+    started = await client.wait_event("output_audio_buffer.started")
+    stopped = await client.wait_event("output_audio_buffer.stopped")
+    assert stopped["response_id"] == started["response_id"]
+
+    # The plugin's policy: no voice change mid-call (a coded error, the call goes on) ...
+    mark = await client.send_event({"type": "session.update", "event_id": "evt_v",
+                                    "session": {"voice": VOICES[0]}})
+    error = (await client.wait_event("error", after=mark))["error"]
+    assert (error["code"], error["param"], error["event_id"]) == (
+        "voice_update_unsupported", "session.voice", "evt_v")
+    # ... but new instructions are taken.
+    mark = await client.send_event({"type": "session.update",
+                                    "session": {"instructions": "speak slowly"}})
+    updated = await client.wait_event("session.updated", after=mark)
+    assert (updated["session"]["voice"], updated["session"]["instructions"]) == (
+        VOICES[1], "speak slowly")
+    assert client.pc.connectionState == "connected"
+
+    async with aiohttp.ClientSession() as http:
+        async with http.get(running.url + "/v1/models") as response:
+            model = (await response.json())["data"][0]
+        assert (model["id"], model["voices"], model["default_voice"]) == (
+            "text-echo", list(VOICES), VOICES[0])
+        async with http.delete(running.url + client.location) as response:
+            assert response.status == 200
+    await wait_until(lambda: all_freed(running))
