@@ -7,7 +7,8 @@ The LM (dim 4096, 32 layers, depformer 1024 x 6, dep_q 16, context 3000: about 8
 parameters) is built on the meta device, materialised on the GPU and filled with random
 values, so no checkpoint download is needed; Mimi is the standard architecture (float32) with
 random weights. Each batch size gets a fresh `BatchedStepper` (the same code the plugin runs:
-Mimi encode -> LM step -> Mimi decode), then ticks are timed with a device sync per tick.
+Mimi encode -> LM step -> Mimi decode, CUDA graphs unless --eager; the first warm-up tick
+captures them), then ticks are timed with a device sync per tick.
 The target is B=64 under 80 ms per tick on one H200-class GPU.
 
 `--tiny` runs the same script with the tiny test config on CPU (float32), to check the script
@@ -68,8 +69,8 @@ def frames_for(batch: int, count: int, seed: int) -> np.ndarray:
 
 
 def time_batch(lm: LMModel, mimi: torch.nn.Module, batch: int, ticks: int, warmup: int,
-               device: torch.device) -> dict[str, float]:
-    stepper = BatchedStepper(lm, mimi, capacity=batch)
+               device: torch.device, graphs: bool) -> dict[str, float]:
+    stepper = BatchedStepper(lm, mimi, capacity=batch, graphs=graphs)
     handles = [stepper.acquire(None) for _ in range(batch)]
     frames = frames_for(batch, warmup + ticks, seed=batch)
     totals, lm_only = [], []
@@ -86,7 +87,7 @@ def time_batch(lm: LMModel, mimi: torch.nn.Module, batch: int, ticks: int, warmu
         for tick in range(min(ticks, 10)):
             sync(device)
             start = time.perf_counter()
-            stepper.lm_stepper.step(user)
+            stepper._lm_forward(batch, user, None)
             sync(device)
             lm_only.append((time.perf_counter() - start) * 1000)
     finally:
@@ -115,6 +116,7 @@ def main() -> None:
     parser.add_argument("--context", type=int, help="override the LM context (frames) to save memory")
     parser.add_argument("--tiny", action="store_true", help="tiny config on CPU, to check the script")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--eager", action="store_true", help="no CUDA graphs (the default on CUDA is graphs)")
     args = parser.parse_args()
 
     if args.tiny:
@@ -132,6 +134,7 @@ def main() -> None:
         kwargs["context"] = args.context
     torch.manual_seed(args.seed)
 
+    graphs = device.type == "cuda" and not args.eager
     start = time.perf_counter()
     lm = random_lm(kwargs, device, dtype, args.seed)
     mimi = mimi_config.build_mimi(mimi_arch, device, torch.float32)
@@ -140,14 +143,15 @@ def main() -> None:
     params = sum(p.numel() for p in lm.parameters()) / 1e9
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     print(f"{name}: LM {params:.2f} B params ({dtype}), dim {kwargs['dim']}, {kwargs['num_layers']} layers, "
-          f"dep_q {kwargs['dep_q']}, context {kwargs['context']}; Mimi float32; built in "
+          f"dep_q {kwargs['dep_q']}, context {kwargs['context']}; Mimi float32; "
+          f"{'CUDA graphs' if graphs else 'eager'}; built in "
           f"{time.perf_counter() - start:.1f} s")
     print(f"{'B':>4} {'median ms':>10} {'p90 ms':>8} {'max ms':>8} {'LM-only ms':>11} {'< 80 ms':>8} {'peak GiB':>9}")
     for batch in args.batches:
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
         try:
-            result = time_batch(lm, mimi, batch, args.ticks, args.warmup, device)
+            result = time_batch(lm, mimi, batch, args.ticks, args.warmup, device, graphs)
         except torch.cuda.OutOfMemoryError:
             print(f"{batch:>4} out of GPU memory (try --context)")
             gc.collect()

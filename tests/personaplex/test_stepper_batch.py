@@ -39,9 +39,12 @@ def _run_alone(models: TinyModels, snapshot: dict, frames: np.ndarray) -> list:
     return [stepper.step([handle], frame[None])[0] for frame in frames]
 
 
-def test_batch_of_four_equals_each_alone(models: TinyModels, snapshots: dict) -> None:
+@pytest.mark.parametrize("bucketed", [False, True], ids=["packed", "bucketed"])
+def test_batch_of_four_equals_each_alone(models: TinyModels, snapshots: dict, bucketed: bool) -> None:
+    """`bucketed` steps power-of-two prefixes (free slots ride along inactive), the shape
+    discipline the CUDA-graph path uses; checked here on CPU."""
     inputs = [speech_like_frames(seed=10 + i, count=FRAMES) for i in range(len(SESSIONS))]
-    stepper = BatchedStepper(models.lm, models.mimi, capacity=4)
+    stepper = BatchedStepper(models.lm, models.mimi, capacity=4, bucketed=bucketed)
     handles: dict[int, object] = {}
     batched: dict[int, list] = {i: [] for i in range(len(SESSIONS))}
     for tick in range(FRAMES + 6):
@@ -90,3 +93,10 @@ def test_capacity_is_enforced(models: TinyModels) -> None:
     stepper.acquire(None)
     with pytest.raises(RuntimeError):
         stepper.acquire(None)
+
+
+def test_bucket_width() -> None:
+    from agent.plugins.personaplex.stepper import bucket_width
+
+    assert [bucket_width(n, 64) for n in (1, 2, 3, 5, 8, 9, 33, 64)] == [1, 2, 4, 8, 8, 16, 64, 64]
+    assert bucket_width(5, 6) == 6

@@ -36,7 +36,8 @@ from torch import nn
 
 from . import streaming
 from .lm import LMModel
-from .lm_stepper import LMStepper, NOT_FORCED
+from .lm_graph import GraphedLMStep
+from .lm_stepper import NOT_FORCED, LMStepper
 from .policy import wrap_persona
 from .stepper import GREEDY
 
@@ -94,8 +95,11 @@ def _row(values: tuple[int, ...], device: torch.device) -> torch.Tensor:
 
 
 @torch.no_grad()
-def run_prefill(stepper: LMStepper, slot: int, plan: PromptPlan) -> None:
-    """Step `slot` of `stepper` (every other slot frozen) through the prompt."""
+def run_prefill(stepper: LMStepper, slot: int, plan: PromptPlan,
+                step: Callable[..., object] | None = None) -> None:
+    """Step `slot` of `stepper` (every other slot frozen) through the prompt. `step` replaces
+    `stepper.step` (same signature), e.g. a CUDA-graphed step of the same stepper."""
+    step = step or stepper.step
     lm = stepper.lm
     device = lm.device
     assert stepper.state is not None
@@ -127,19 +131,19 @@ def run_prefill(stepper: LMStepper, slot: int, plan: PromptPlan) -> None:
         for index in range(plan.voice.frames):
             given = torch.zeros(batch, embeddings.shape[-1], dtype=lm.dtype, device=device)
             given[slot] = embeddings[index].reshape(-1)
-            stepper.step(initial_user, forced_text=pad, forced_agent=initial_agent,
+            step(initial_user, forced_text=pad, forced_agent=initial_agent,
                          input_embeddings=given, embeddings_mask=mask, active=active)
         stepper.restore_token_cache(slot, plan.voice.cache[0])
 
     def silence_frames() -> None:
         for _ in range(plan.silence_frames):
-            stepper.step(sine, forced_text=pad, forced_agent=silence, active=active)
+            step(sine, forced_text=pad, forced_agent=silence, active=active)
 
     silence_frames()
     for token in plan.text_tokens:
         text = torch.full((batch,), NOT_FORCED, dtype=torch.long, device=device)
         text[slot] = token
-        stepper.step(sine, forced_text=text, forced_agent=silence, active=active)
+        step(sine, forced_text=text, forced_agent=silence, active=active)
     silence_frames()
 
 
@@ -179,6 +183,7 @@ class PromptCache:
         self._plan_for = plan_for
         self._lm = detached_copy(lm)
         self._stepper = LMStepper(self._lm, 1, GREEDY)  # type: ignore[arg-type]
+        self._step = GraphedLMStep(self._stepper)  # a CUDA graph on GPUs, eager elsewhere
         self._executor = concurrent.futures.ThreadPoolExecutor(
             max_workers=1, thread_name_prefix="prefill"
         )
@@ -224,12 +229,12 @@ class PromptCache:
             if self._stream is not None:
                 with torch.cuda.stream(self._stream):
                     self._stepper.reset_slots(mask)
-                    run_prefill(self._stepper, 0, plan)
+                    run_prefill(self._stepper, 0, plan, self._step.step)
                     snapshot = self._stepper.export_slot(0)
                 self._stream.synchronize()
             else:
                 self._stepper.reset_slots(mask)
-                run_prefill(self._stepper, 0, plan)
+                run_prefill(self._stepper, 0, plan, self._step.step)
                 snapshot = self._stepper.export_slot(0)
             with self._lock:
                 self._snapshots[key] = snapshot

@@ -11,6 +11,12 @@ share storage, so in-place state updates land in the full tensors directly.
 A session's result does not depend on its slot or on the others in the batch: every row of
 every layer is computed independently, and sampling noise is keyed by the slot's own seed and
 position (sampling.py), so greedy tokens in a batch equal tokens stepped alone.
+
+On CUDA the LM step and the Mimi encode/decode are replayed as CUDA graphs (lm_graph.py,
+mimi_graph.py), which need fixed shapes: the stepped prefix is then rounded up to a power of
+two ("bucketed"), so at most log2(capacity) + 1 graphs exist per sampling configuration. The
+extra rows are free slots: the LM leaves them untouched (inactive), and their codec state is
+reset when a session takes the slot.
 """
 
 from __future__ import annotations
@@ -25,8 +31,10 @@ from torch import nn
 
 from . import streaming
 from .lm import LMModel
-from .lm_stepper import LMStepper
+from .lm_graph import GraphedLMStep
+from .lm_stepper import LMStepOutput, LMStepper
 from .mimi import MimiModel
+from .mimi_graph import GraphedMimi
 from .sampling import SamplingConfig
 
 GREEDY = SamplingConfig()
@@ -53,6 +61,26 @@ def state_prefix(modules: Sequence[streaming.StreamingModule], count: int) -> It
                 if value.data_ptr() != target.data_ptr():
                     target.copy_(value)
             module.state = full
+
+
+def bucket_width(count: int, capacity: int) -> int:
+    """The smallest power of two >= count, capped at capacity."""
+    width = 1
+    while width < count:
+        width *= 2
+    return min(width, capacity)
+
+
+class _PrefixStepper:
+    """Adapter for GraphedLMStep, which sizes its static buffers from `stepper.batch_size`:
+    one graphed step serves one prefix width of the packed slots of the real stepper."""
+
+    def __init__(self, stepper: LMStepper, width: int) -> None:
+        self._stepper = stepper
+        self.batch_size = width
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._stepper, name)
 
 
 def decoder_modules(mimi: MimiModel) -> list[nn.Module]:
@@ -82,7 +110,10 @@ class FrameResult:
 class BatchedStepper:
     """Owns the live (batched) streaming state of one LM + Mimi pair."""
 
-    def __init__(self, lm: LMModel, mimi: MimiModel, capacity: int) -> None:
+    def __init__(self, lm: LMModel, mimi: MimiModel, capacity: int, graphs: bool | None = None,
+                 bucketed: bool | None = None) -> None:
+        """`graphs`: replay CUDA graphs (default: on CUDA). `bucketed`: step power-of-two
+        prefixes (default: when graphs are on; settable alone to test the same path on CPU)."""
         if capacity < 1:
             raise ValueError("capacity must be at least 1")
         self.lm = lm
@@ -99,6 +130,12 @@ class BatchedStepper:
         self._stateful = [m for _, m in streaming.streaming_modules(mimi)] + [
             m for _, m in streaming.streaming_modules(self.lm_stepper)
         ]
+        self.graphs = self.device.type == "cuda" if graphs is None else graphs
+        self.bucketed = self.graphs if bucketed is None else bucketed
+        if self.graphs and not self.bucketed:
+            raise ValueError("CUDA graphs need bucketed (fixed) batch widths")
+        self.codec: MimiModel | GraphedMimi = GraphedMimi(mimi, use_graph=True) if self.graphs else mimi
+        self._graphed_lm: dict[int, GraphedLMStep] = {}
 
     @property
     def free_slots(self) -> int:
@@ -158,17 +195,20 @@ class BatchedStepper:
         if frames.shape != (len(handles), self.frame_size):
             raise ValueError(f"frames must be [{len(handles)}, {self.frame_size}], got {frames.shape}")
         count = max(h.slot for h in handles) + 1
+        if self.bucketed:
+            count = bucket_width(count, self.capacity)
         rows = torch.tensor([h.slot for h in handles], device=self.device)
         audio_in = torch.zeros(count, 1, self.frame_size, dtype=self.mimi_dtype, device=self.device)
         audio_in[rows, 0] = torch.from_numpy(np.ascontiguousarray(frames)).to(
             device=self.device, dtype=self.mimi_dtype
         )
-        skipped = sorted(set(range(count)) - {h.slot for h in handles})
+        seated = len(self.handles)
+        skipped = sorted(set(range(min(count, seated))) - {h.slot for h in handles})
         saved_codec = {slot: streaming.export_slot(self.mimi, slot) for slot in skipped}
 
         with state_prefix(self._stateful, count):
-            user_codes = self.mimi.encode(audio_in)[:, : self.n_user, 0]
-            text, codes, valid = self._lm_step(handles, count, user_codes, bool(skipped))
+            user_codes = self.codec.encode(audio_in)[:, : self.n_user, 0]
+            text, codes, valid = self._lm_step(handles, count, user_codes, count > len(handles))
             audio_out = self._decode(codes, valid)
 
         for slot, snapshot in saved_codec.items():
@@ -199,12 +239,22 @@ class BatchedStepper:
                 active = torch.zeros(count, dtype=torch.bool, device=self.device)
                 active[slots] = True
             self.lm_stepper.sampling = config
-            out = self.lm_stepper.step(user_codes, active=active)
+            out = self._lm_forward(count, user_codes, active)
             chosen = torch.tensor(slots, device=self.device)
             text[chosen] = out.aligned_text[chosen]
             codes[chosen] = out.audio_codes[chosen]
             valid[chosen] = out.audio_valid[chosen]
         return text, codes, valid
+
+    def _lm_forward(self, width: int, user_codes: torch.Tensor, active: torch.Tensor | None) -> LMStepOutput:
+        if not self.graphs:
+            return self.lm_stepper.step(user_codes, active=active)
+        graphed = self._graphed_lm.get(width)
+        if graphed is None:
+            adapter = _PrefixStepper(self.lm_stepper, width)
+            graphed = GraphedLMStep(adapter, use_graph=True)  # type: ignore[arg-type]
+            self._graphed_lm[width] = graphed
+        return graphed.step(user_codes, active=active)
 
     def _decode(self, codes: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
         """Waveforms [count, frame_size]; silence (and an untouched decoder) where not valid."""
@@ -212,7 +262,7 @@ class BatchedStepper:
         if not bool(valid.any()):
             return torch.zeros(count, self.frame_size, device=self.device)
         safe_codes = torch.where(valid[:, None], codes, 0)
-        audio = self.mimi.decode(safe_codes[:, :, None])[:, 0].float()
+        audio = self.codec.decode(safe_codes[:, :, None])[:, 0].float()
         if not bool(valid.all()):
             # A slot with no frame yet must look as if the decoder never ran for it.
             for module in decoder_modules(self.mimi):
