@@ -7,7 +7,6 @@ import json
 from typing import Any
 
 import aiohttp
-import pytest
 
 from agent.plugins.base import RuntimeConfig, SessionConfig
 from agent.plugins.echo import EchoPlugin
