@@ -23,7 +23,7 @@ from .clock import MonotonicClock
 from .events import (
     EventChannel, error_event, error_event_from, parse_client_event, peek_event_id, server_event,
 )
-from .framing import FrameAssembler, chunk_size
+from .framing import FrameAssembler
 from .outbound import AgentAudioTrack
 from .playout import PlayoutBuffer
 from .realtime_session import session_config_from_realtime
@@ -172,11 +172,10 @@ class Call:
 
     async def _read_inbound(self, track: MediaStreamTrack) -> None:
         capabilities = self.capabilities
-        # 20 ms chunks: the ticker cuts its frames from them, so a frame is ready as soon as
-        # its last packet arrives rather than at the next 80 ms boundary of the caller's audio.
-        assembler = FrameAssembler(
-            capabilities.sample_rate, chunk_size(capabilities.frame_size), capabilities.channels
-        )
+        # No re-chunking here: the ticker cuts its frames from whatever has arrived, so a frame
+        # is ready as soon as its last packet is decoded (a fixed chunk size would hold each
+        # packet back until the resampler's filter delay is filled by the next one).
+        assembler = FrameAssembler(capabilities.sample_rate, None, capabilities.channels)
         while True:
             try:
                 frame = await track.recv()

@@ -19,7 +19,9 @@ def chunk_size(frame_size: int, parts: int = 4) -> int:
 
 
 class FrameAssembler:
-    def __init__(self, sample_rate: int, frame_size: int, channels: int = 1) -> None:
+    """`frame_size=None` passes resampled audio through as it comes (no re-chunking delay)."""
+
+    def __init__(self, sample_rate: int, frame_size: int | None, channels: int = 1) -> None:
         self.sample_rate = sample_rate
         self.frame_size = frame_size
         self.channels = channels

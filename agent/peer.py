@@ -26,6 +26,7 @@ from aiortc import RTCConfiguration, RTCPeerConnection, RTCRtpSender, RTCSession
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
 from .clock import MonotonicClock
+from .encoding import PTIME, InlineAudioEncoder
 from .outbound import float_to_s16
 from .pacer import Pacer
 from .rtc_tuning import limit_host_addresses
@@ -65,6 +66,47 @@ class SignalTrack(MediaStreamTrack):
         frame.time_base = Fraction(1, PEER_RATE)
         self.position += CHUNK
         return frame
+
+
+class PreencodedSignalTrack(MediaStreamTrack):
+    """Plays packets encoded once up front: a load generator that costs almost no CPU per call.
+
+    aiortc's sender only packs an `av.Packet`, so hundreds of callers can share one encode.
+    """
+
+    kind = "audio"
+
+    def __init__(self, payloads: list[bytes], clock_rate: int, samples_per_packet: int) -> None:
+        super().__init__()
+        self.payloads = payloads
+        self.pacer = Pacer(MonotonicClock(), PTIME)
+        self.time_base = Fraction(1, clock_rate)
+        self.samples_per_packet = samples_per_packet
+        self.index = 0
+        self.position = 0  # in PEER_RATE samples, like SignalTrack
+        self.started_at: float | None = None
+
+    @classmethod
+    def encode(cls, signal: np.ndarray, codec: str) -> tuple[list[bytes], int, int]:
+        encoder = InlineAudioEncoder(f"audio/{codec}", PEER_RATE)
+        samples = float_to_s16(signal)
+        payloads = [bytes(encoder.encode(samples[i : i + CHUNK]))
+                    for i in range(0, len(samples) - CHUNK + 1, CHUNK)]
+        return payloads, encoder.rate, encoder.samples_per_packet
+
+    async def recv(self) -> av.Packet:  # type: ignore[override]
+        if self.readyState != "live":
+            raise MediaStreamError
+        await self.pacer.wait_next()
+        if self.started_at is None:
+            self.started_at = time.monotonic()
+        payload = self.payloads[min(self.index, len(self.payloads) - 1)]
+        packet = av.Packet(payload)
+        packet.pts = self.index * self.samples_per_packet
+        packet.time_base = self.time_base
+        self.index += 1
+        self.position += CHUNK
+        return packet
 
 
 @dataclass
@@ -195,6 +237,7 @@ async def run_call(
     headers: dict[str, str] | None = None,
     data_channel: bool = True,
     connect_timeout: float = 10.0,
+    preencoded: tuple[list[bytes], int, int] | None = None,
 ) -> tuple[CallReport, np.ndarray, np.ndarray]:
     """Make one call. Returns the report, the signal sent and the audio received (48 kHz)."""
     builtin = signal is None
@@ -202,7 +245,9 @@ async def run_call(
         signal = make_test_signal(seconds)
     report = CallReport()
     recording = Recording()
-    source = SignalTrack(signal)
+    source: SignalTrack | PreencodedSignalTrack = (
+        PreencodedSignalTrack(*preencoded) if preencoded is not None else SignalTrack(signal)
+    )
     pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
     connected = asyncio.Event()
     tasks: list[asyncio.Task[None]] = []

@@ -69,15 +69,26 @@ def measure_echo(sent: np.ndarray, received: np.ndarray, sample_rate: int,
     or inserts a frame after a stall is scored on what it played, not failed outright; the
     spread of the window lags reports such shifts.
     """
+    if len(sent) == 0 or len(received) == 0:
+        return EchoMeasurement(0.0, 0.0)
+    rate = ANALYSIS_RATE
+    factor = max(1, sample_rate // rate)
     s = decimate(sent, sample_rate)
     r = decimate(received, sample_rate)
-    rate = ANALYSIS_RATE
-    if len(s) == 0 or len(r) == 0:
-        return EchoMeasurement(0.0, 0.0)
     size = 1 << int(np.ceil(np.log2(len(s) + len(r))))
     xcorr = np.fft.irfft(np.fft.rfft(r, size) * np.conj(np.fft.rfft(s, size)), size)
     max_lag = min(int(max_lag_seconds * rate), len(r) - 1)
-    lag = int(np.argmax(xcorr[: max_lag + 1]))
+    coarse = int(np.argmax(xcorr[: max_lag + 1])) * factor
+    # Refine to a full-rate sample, then shift `received` so the lag is a whole number of
+    # analysis samples: a fractional-sample misalignment at 8 kHz would cost correlation at
+    # the top of the band that the path did not lose.
+    span = min(len(sent), len(received) - coarse - factor) if len(received) > coarse + factor else 0
+    fine = coarse
+    if span > 0:
+        candidates = range(max(0, coarse - factor), coarse + factor + 1)
+        fine = max(candidates, key=lambda k: float(np.dot(received[k : k + span], sent[:span])))
+    r = decimate(received[fine % factor :], sample_rate)
+    lag = fine // factor
     window = int(WINDOW_SECONDS * rate)
     track = int(TRACK_SECONDS * rate)
     scores: list[float] = []
@@ -94,7 +105,7 @@ def measure_echo(sent: np.ndarray, received: np.ndarray, sample_rate: int,
         scores.append(_normalized(piece, reference[offset : offset + window]))
         lags.append(start - (lo + offset))
     if not scores:
-        return EchoMeasurement(lag / rate, 0.0)
+        return EchoMeasurement(fine / sample_rate, 0.0)
     spread = (max(lags) - min(lags)) / rate
     holes = sum(1 for score in scores if score < 0.5)
-    return EchoMeasurement(lag / rate, float(np.mean(scores)), len(scores), holes, spread)
+    return EchoMeasurement(fine / sample_rate, float(np.mean(scores)), len(scores), holes, spread)

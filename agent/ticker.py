@@ -31,7 +31,7 @@ T = TypeVar("T")
 
 # Caller audio is trimmed so that no more than needed waits for the next tick: every window
 # of ticks, the smallest amount left over after a step (audio that waited a whole period for
-# nothing) is dropped, in 20 ms granules. After a tick that had to pad a late frame, trimming
+# nothing) is dropped, in 10 ms granules. After a tick that had to pad a late frame, trimming
 # pauses for a while: that cushion was earned by real network jitter.
 TRIM_WINDOW_TICKS = 25
 TRIM_HOLD_TICKS = 125

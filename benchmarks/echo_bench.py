@@ -1,0 +1,194 @@
+"""Echo benchmarks: the agent (echo plugin) against a plain aiortc echo server, same run.
+
+    python benchmarks/echo_bench.py delay      # round-trip delay of the test signal
+    python benchmarks/echo_bench.py capacity   # concurrent real-time calls on one core
+    python benchmarks/echo_bench.py all
+
+Servers run pinned to core 0 (`taskset -c 0`), callers in another process on core 1. A level
+of N concurrent calls passes when every call connected, no received-audio gap after the first
+second exceeded 60 ms, and each call received >= 99% of what could come back (the seconds it
+sent minus the echo delay). Prints markdown tables.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator
+
+ROOT = Path(__file__).resolve().parent.parent
+GAP_LIMIT_MS = 60.0
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def wait_for_port(port: int, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                return
+        except OSError:
+            time.sleep(0.1)
+    raise RuntimeError(f"server on port {port} did not start")
+
+
+def taskset(core: str) -> list[str]:
+    return ["taskset", "-c", core] if os.cpu_count() and os.cpu_count() > 1 else []
+
+
+@contextmanager
+def server(kind: str, extra: list[str] | None = None) -> Iterator[str]:
+    port = free_port()
+    if kind == "agent":
+        command = [sys.executable, "-m", "signaling", "--port", str(port), "--ice-host",
+                   "127.0.0.1", "--log-level", "WARNING", *(extra or [])]
+    else:
+        command = [sys.executable, "benchmarks/plain_aiortc_echo.py", "--port", str(port)]
+    process = subprocess.Popen(taskset("0") + command, cwd=ROOT, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL)
+    try:
+        wait_for_port(port)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        process.send_signal(signal.SIGINT)
+        try:
+            process.wait(10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+
+
+async def run_callers(url: str, count: int, seconds: float, codec: str,
+                      preencode: bool) -> list[dict[str, Any]]:
+    from agent.peer import PreencodedSignalTrack, run_call
+    from agent.rtc_tuning import limit_host_addresses
+    from agent.testsignal import make_test_signal
+
+    limit_host_addresses(["127.0.0.1"])
+    signal_samples = make_test_signal(seconds + 1)
+    payloads = PreencodedSignalTrack.encode(signal_samples, codec) if preencode else None
+
+    async def one(index: int) -> dict[str, Any]:
+        await asyncio.sleep(index * 0.15)  # stagger call set-up like real arrivals
+        report, _, _ = await run_call(url, signal=signal_samples if payloads else None,
+                                      seconds=seconds, codec=codec, data_channel=False,
+                                      preencoded=payloads)
+        return report.__dict__
+
+    return list(await asyncio.gather(*(one(i) for i in range(count))))
+
+
+def callers_subprocess(url: str, count: int, seconds: float, codec: str,
+                       preencode: bool) -> list[dict[str, Any]]:
+    command = taskset("1") + [sys.executable, __file__, "callers", "--url", url, "--n",
+                              str(count), "--seconds", str(seconds), "--codec", codec]
+    if preencode:
+        command.append("--preencode")
+    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True,
+                            timeout=seconds * 3 + 60)
+    if result.returncode != 0:
+        raise RuntimeError(result.stderr[-2000:])
+    return json.loads(result.stdout)
+
+
+def level_passes(reports: list[dict[str, Any]], delay_s: float) -> tuple[bool, str]:
+    worst_ratio = 1.0
+    worst_gap = 0.0
+    for report in reports:
+        if not report["connected"] or report["error"]:
+            return False, f"call failed: {report['error']}"
+        possible = max(0.1, report["seconds_sent"] - delay_s)
+        worst_ratio = min(worst_ratio, report["seconds_received"] / possible)
+        worst_gap = max(worst_gap, report["max_gap_ms"])
+    ok = worst_ratio >= 0.99 and worst_gap <= GAP_LIMIT_MS
+    return ok, f"min received {worst_ratio:.3f}, max gap {worst_gap:.0f} ms"
+
+
+def measure_delay(kind: str, runs: int, seconds: float) -> list[dict[str, Any]]:
+    with server(kind) as url:
+        return [callers_subprocess(url, 1, seconds, "opus", False)[0] for _ in range(runs)]
+
+
+def bench_delay(runs: int, seconds: float) -> None:
+    print("\n### Round-trip delay of the test signal (Opus, loopback, one call at a time)\n")
+    print("| server | runs | median delay ms | min | max | mean correlation |")
+    print("|---|---|---|---|---|---|")
+    for kind in ("plain aiortc echo", "agent (echo plugin)"):
+        reports = measure_delay("agent" if kind.startswith("agent") else "plain", runs, seconds)
+        delays = [r["delay_ms"] for r in reports if r["delay_ms"] is not None]
+        correlations = [r["correlation"] for r in reports if r["correlation"] is not None]
+        print(f"| {kind} | {len(delays)} | {statistics.median(delays):.0f} | {min(delays):.0f} "
+              f"| {max(delays):.0f} | {statistics.mean(correlations):.3f} |", flush=True)
+
+
+def bench_capacity(codecs: list[str], levels: list[int], seconds: float) -> None:
+    print("\n### Concurrent real-time calls, server pinned to one core\n")
+    print("| server | codec | calls | result | detail |")
+    print("|---|---|---|---|---|")
+    for codec in codecs:
+        for kind in ("plain", "agent"):
+            label = "plain aiortc echo" if kind == "plain" else "agent (echo plugin)"
+            with server(kind) as url:
+                delay = callers_subprocess(url, 1, 4, codec, False)[0]["delay_ms"] or 300
+            best = 0
+            for count in levels:
+                with server(kind) as url:
+                    reports = callers_subprocess(url, count, seconds, codec, True)
+                ok, detail = level_passes(reports, delay / 1000)
+                print(f"| {label} | {codec} | {count} | {'real time' if ok else 'FAILS'} "
+                      f"| {detail} |", flush=True)
+                if not ok:
+                    break
+                best = count
+            print(f"| **{label}** | **{codec}** | **{best}** | **max real time** | |", flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    delay = sub.add_parser("delay")
+    delay.add_argument("--runs", type=int, default=5)
+    delay.add_argument("--seconds", type=float, default=6)
+    capacity = sub.add_parser("capacity")
+    capacity.add_argument("--codecs", default="opus,pcmu")
+    capacity.add_argument("--levels", default="2,4,6,8,10,12,15,18,21,24,28,32")
+    capacity.add_argument("--seconds", type=float, default=10)
+    sub.add_parser("all")
+    callers = sub.add_parser("callers")
+    callers.add_argument("--url", required=True)
+    callers.add_argument("--n", type=int, default=1)
+    callers.add_argument("--seconds", type=float, default=10)
+    callers.add_argument("--codec", default="opus")
+    callers.add_argument("--preencode", action="store_true")
+    args = parser.parse_args()
+    if args.command == "callers":
+        reports = asyncio.run(run_callers(args.url, args.n, args.seconds, args.codec,
+                                          args.preencode))
+        print(json.dumps(reports))
+    elif args.command == "delay":
+        bench_delay(args.runs, args.seconds)
+    elif args.command == "capacity":
+        bench_capacity(args.codecs.split(","), [int(n) for n in args.levels.split(",")],
+                       args.seconds)
+    else:
+        bench_delay(5, 6)
+        bench_capacity(["opus", "pcmu"], [2, 4, 6, 8, 10, 12, 15, 18, 21, 24, 28, 32], 10)
+
+
+if __name__ == "__main__":
+    main()
