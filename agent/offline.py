@@ -126,7 +126,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.seed is not None and not args.sample:
+        parser.error("--seed only applies with --sample (greedy decoding has no randomness)")
     try:
         summary = run(args)
     except PluginError as exc:

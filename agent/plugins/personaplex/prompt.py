@@ -149,7 +149,8 @@ def run_prefill(stepper: LMStepper, slot: int, plan: PromptPlan,
 
 def detached_copy(model: nn.Module) -> nn.Module:
     """A structural copy of `model` that shares every weight tensor but has its own streaming
-    state, so a second thread can stream through it without touching the original's state."""
+    state, so a second thread can stream through it without touching the original's state.
+    Make it before another thread streams through `model` (its state is set aside meanwhile)."""
     memo: dict[int, object] = {}
     for tensor in list(model.parameters()) + list(model.buffers()):
         memo[id(tensor)] = tensor
