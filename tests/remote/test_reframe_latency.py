@@ -51,3 +51,25 @@ def test_round_trip_matches_the_kth_output_frame_to_the_kth_input() -> None:
     assert summary["agent_added_mean_ms"] is None  # nothing played yet
     latency.output_hold.add(0.004)
     assert latency.summary()["agent_added_mean_ms"] == 5.5
+
+
+def test_a_standing_backlog_is_trimmed_but_jitter_is_not() -> None:
+    reframer = Reframer(4, max_frames=100, patience_ticks=3)
+    # Jitter: a frame is sometimes waiting, but the queue empties between: nothing trimmed.
+    for tick in range(12):
+        reframer.push(np.full(4 if tick % 2 else 8, tick, dtype=np.float32), float(tick))
+        reframer.pop()
+        if tick % 2:
+            reframer.pop()
+    assert reframer.trimmed_frames == 0
+    # One frame late for good (a missed tick): after 3 ticks one frame is skipped.
+    reframer.clear()
+    reframer.push(np.zeros(8, dtype=np.float32), 0.0)
+    popped = []
+    for tick in range(1, 6):
+        reframer.push(np.full(4, tick, dtype=np.float32), float(tick))
+        frame = reframer.pop()
+        assert frame is not None
+        popped.append(frame[0][0])
+    assert reframer.trimmed_frames == 1
+    assert reframer.buffered_frames == 1 and popped == [0.0, 0.0, 2.0, 3.0, 4.0]

@@ -417,6 +417,7 @@ class UpstreamLink(abc.ABC):
             "dropped_input_frames": self.dropped_input_frames,
             "buffered_output_frames": self.reframer.buffered_frames,
             "dropped_output_frames": self.reframer.dropped_frames,
+            "trimmed_output_frames": self.reframer.trimmed_frames,
             "upstream_notices": self.notices_received,
             "error": self.failure.code if self.failure else None,
             "latency": self.latency.summary(),

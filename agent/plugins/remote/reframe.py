@@ -7,19 +7,33 @@ from collections import deque
 import numpy as np
 
 
+# Ticks in a row that end with a whole frame still waiting before one frame is dropped.
+BACKLOG_PATIENCE_TICKS = 12
+
+
 class Reframer:
     """Float32 samples in, exact `frame_size` frames out, oldest dropped past `max_frames`.
+
+    The ticker pops one frame per tick. Engine output arrives with jitter: a frame that
+    misses its tick is replaced by silence there, and everything after it would then play one
+    frame late for the rest of the call. So a backlog that stands for
+    `BACKLOG_PATIENCE_TICKS` ticks in a row is trimmed by one frame (oldest first), the same
+    policy the ticker applies to caller audio.
 
     Each frame remembers when its last sample arrived, so the caller can measure how long it
     waited here.
     """
 
-    def __init__(self, frame_size: int, max_frames: int) -> None:
+    def __init__(self, frame_size: int, max_frames: int,
+                 patience_ticks: int = BACKLOG_PATIENCE_TICKS) -> None:
         self.frame_size = frame_size
         self.max_frames = max_frames
+        self.patience_ticks = patience_ticks
         self._frames: deque[tuple[np.ndarray, float]] = deque()
         self._partial = np.zeros(0, dtype=np.float32)
+        self._backlog_ticks = 0
         self.dropped_frames = 0
+        self.trimmed_frames = 0
 
     @property
     def buffered_frames(self) -> int:
@@ -36,7 +50,20 @@ class Reframer:
             self.dropped_frames += 1
 
     def pop(self) -> tuple[np.ndarray, float] | None:
-        return self._frames.popleft() if self._frames else None
+        """The frame for this tick (None: play silence), trimming a standing backlog."""
+        if not self._frames:
+            self._backlog_ticks = 0
+            return None
+        frame = self._frames.popleft()
+        if not self._frames:
+            self._backlog_ticks = 0
+            return frame
+        self._backlog_ticks += 1
+        if self._backlog_ticks >= self.patience_ticks:
+            self._backlog_ticks = 0
+            self.trimmed_frames += 1
+            return self._frames.popleft()  # skip one: the late frame goes, the next plays
+        return frame
 
     def clear(self) -> int:
         dropped = len(self._frames) * self.frame_size + len(self._partial)
