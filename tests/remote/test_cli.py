@@ -1,0 +1,46 @@
+"""The CLI builds the remote plugins from --upstream / --upstream-capacity / --model."""
+
+from __future__ import annotations
+
+import pytest
+
+from agent.plugins.base import PluginError
+from agent.plugins.registry import load_plugin
+from agent.plugins.remote.moshi_server import MoshiServerPlugin
+from agent.plugins.remote.vllm_omni import VllmOmniPlugin
+from signaling.__main__ import build_parser, main, plugin_options_from_args
+
+
+def plugin_from(argv: list[str]):
+    args = build_parser().parse_args(argv)
+    return load_plugin(args.plugin, plugin_options_from_args(args))
+
+
+def test_vllm_omni_from_flags() -> None:
+    plugin = plugin_from([
+        "--plugin", "vllm-omni", "--upstream", "ws://a:8000/v1/realtime?duplex=1",
+        "--upstream", "ws://b:8000/v1/realtime?duplex=1", "--upstream-capacity", "8",
+        "--model", "personaplex", "--voice", "NATF2.pt",
+    ])
+    assert isinstance(plugin, VllmOmniPlugin)
+    assert [u["url"] for u in plugin.health()["upstreams"]] == [
+        "ws://a:8000/v1/realtime?duplex=1", "ws://b:8000/v1/realtime?duplex=1"]
+    assert plugin.capabilities().max_sessions == 16
+    assert plugin.model == "personaplex" and plugin.capabilities().default_voice == "NATF2.pt"
+
+
+def test_moshi_server_defaults_to_one_call_per_upstream() -> None:
+    plugin = plugin_from(["--plugin", "moshi-server", "--upstream", "ws://a:8998/api/chat",
+                          "--upstream", "ws://b:8998/api/chat"])
+    assert isinstance(plugin, MoshiServerPlugin)
+    assert plugin.capabilities().max_sessions == 2
+    unlimited = plugin_from(["--plugin", "vllm-omni", "--upstream", "ws://a/v1/realtime"])
+    assert unlimited.capabilities().max_sessions == 0
+
+
+def test_a_remote_plugin_without_upstream_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(PluginError) as refused:
+        plugin_from(["--plugin", "vllm-omni"])
+    assert refused.value.code == "no_upstream"
+    assert main(["--plugin", "moshi-server"]) == 2
+    assert "no_upstream" in capsys.readouterr().err
