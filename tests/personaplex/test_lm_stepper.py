@@ -200,9 +200,22 @@ def test_restore_token_cache_maps_columns(lm: LMModel) -> None:
     assert (stepper.state["tokens"][0] != saved[:, :1]).any()
 
 
-def test_missing_user_codes_is_an_error(lm: LMModel) -> None:
+def test_missing_or_misshaped_user_codes_are_errors(lm: LMModel) -> None:
+    stepper = LMStepper(lm, 2)
     with pytest.raises(ValueError, match="user_codes"):
-        LMStepper(lm, 1).step(None)
+        stepper.step(None)
+    with pytest.raises(ValueError, match="user_codes"):
+        stepper.step(torch.zeros(2, 7, dtype=torch.long))
+    with pytest.raises(ValueError, match="user_codes"):
+        stepper.step(torch.zeros(3, 8, dtype=torch.long))
+
+
+def test_extra_codec_codebooks_are_ignored(lm: LMModel) -> None:
+    codes = _codes(12, 2, 5)
+    extra = torch.randint(0, CONFIG["card"], (2, 4, 5), generator=torch.Generator().manual_seed(13))
+    plain = [_record(out, 1) for out in _run(lm, 2, [{"user_codes": codes[:, :, t]} for t in range(5)])[0]]
+    wide = _run(lm, 2, [{"user_codes": torch.cat([codes[:, :, t], extra[:, :, t]], 1)} for t in range(5)])[0]
+    assert plain == [_record(out, 1) for out in wide]
 
 
 def test_bfloat16_compute_dtype_steps(lm: LMModel) -> None:

@@ -50,7 +50,7 @@ class GraphedLMStep:
         active: torch.Tensor | None,
     ) -> None:
         if user_codes is not None:
-            self.user_codes.copy_(user_codes)
+            self.user_codes.copy_(user_codes[:, : self.stepper.n_user])
         elif self.stepper.n_user:
             raise ValueError("user_codes are required for this model")
         if forced_text is None:

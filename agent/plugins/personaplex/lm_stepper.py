@@ -116,7 +116,8 @@ class LMStepper(streaming.StreamingModule):
     ) -> LMStepOutput:
         """Advance every active slot by one frame.
 
-        user_codes [B, n_user]: this frame's user Mimi codes (may be None only if n_user == 0).
+        user_codes [B, >= n_user]: this frame's user Mimi codes (extra codebooks are ignored;
+            may be None only if n_user == 0).
         forced_text [B]: text token to use instead of the model's (NOT_FORCED = -1: choose).
         forced_agent [B, n_agent]: agent frame to place (with delays) instead of generating
             (-1 entries are not forced). Used for silence frames while prompting.
@@ -140,6 +141,9 @@ class LMStepper(streaming.StreamingModule):
         if self.n_user:
             if user_codes is None:
                 raise ValueError("user_codes are required for this model")
+            if user_codes.dim() != 2 or user_codes.shape[0] != batch or user_codes.shape[1] < self.n_user:
+                raise ValueError(f"user_codes must be [{batch}, >={self.n_user}], got {list(user_codes.shape)}")
+            user_codes = user_codes[:, : self.n_user]  # a codec may produce more codebooks
             columns = (offset[:, None] + self.delays[self.user_rows][None]) % ring
             self._write(slots, self.user_rows[None], columns, user_codes.to(device), live[:, None], True)
 
