@@ -343,3 +343,62 @@ async def test_keyboard_only_call_on_a_phone_screen(
     await wait_until(lambda: all_freed(running), timeout=5)
     assert await page.evaluate("document.activeElement.id") == "call"
     assert_clean(log)
+
+
+def without_candidates(sdp: str) -> str:
+    return "\r\n".join(line for line in sdp.split("\r\n") if not line.startswith("a=candidate"))
+
+
+async def test_unreachable_agent_says_ice_failed(
+    start_agent: AgentFactory, chromium: Browser
+) -> None:
+    """Network fault injection: the offer loses its candidates on the way to the agent and
+    the answer's candidates point at a closed port, so no path exists either way."""
+    running = await start_agent()
+    page, _ = await open_page(chromium, running.url + "/")
+
+    async def break_paths(route: Any) -> None:
+        response = await route.fetch(post_data=without_candidates(route.request.post_data))
+        answer = re.sub(r"(a=candidate:\S+ \d \S+ \d+ 127\.0\.0\.1 )\d+", r"\g<1>40999",
+                        await response.text())
+        await route.fulfill(response=response, body=answer)
+
+    await page.route("**/v1/realtime/calls", break_paths)
+    await page.click("#call")
+    error = page.locator("#error")
+    # Chromium gives up on unanswered ICE checks after about 15-20 s.
+    await expect(error).to_have_attribute("data-code", re.compile("ice_failed|connect_timeout"),
+                                          timeout=45_000)
+    await expect(error).to_contain_text("TURN")
+    await expect(page.locator("#status")).to_have_text("Call failed.")
+    # The page released its call resource instead of leaving it to the connect timeout.
+    await wait_until(lambda: all_freed(running), timeout=5)
+
+
+async def test_processing_switch_mid_call_replaces_the_sent_track(
+    start_agent: AgentFactory, chromium: Browser
+) -> None:
+    running = await start_agent()
+    page, log = await open_page(chromium, running.url + "/")
+    await connect(page)
+    sent_settings = """() => {
+        const sender = window.voiceApp.call.pc.getSenders().find((s) => s.track);
+        const s = sender.track.getSettings();
+        return {id: sender.track.id, ec: s.echoCancellation, ns: s.noiseSuppression,
+                agc: s.autoGainControl};
+    }"""
+    before = await page.evaluate(sent_settings)
+    assert (before["ec"], before["ns"], before["agc"]) == (True, True, True)
+    await page.uncheck("#noise-suppression")
+    await expect(page.locator("#status")).to_contain_text("Microphone settings applied",
+                                                          timeout=UI_TIMEOUT_MS)
+    after = await page.evaluate(sent_settings)
+    assert after["id"] != before["id"]
+    assert (after["ec"], after["ns"], after["agc"]) == (True, False, True)
+    call = next(iter(running.agent.calls.values()))
+    heard_at = call.last_inbound_at
+    await wait_until(lambda: call.last_inbound_at != heard_at, timeout=5)
+    await wait_for_inbound_audio(page)
+    await page.click("#hangup")
+    await wait_until(lambda: all_freed(running), timeout=5)
+    assert_clean(log)

@@ -18,6 +18,9 @@ import { formatStats, summarizeStats } from "./stats.js";
 import { Transcript } from "./transcript.js";
 
 const STATS_INTERVAL_MS = 1000;
+// Chromium declares ICE failed after about 15-20 s of unanswered checks; this catches the
+// cases where it never starts checking (no usable remote candidate) and waits forever.
+const CONNECT_TIMEOUT_MS = 30_000;
 const $ = (id) => document.getElementById(id);
 
 const ui = {
@@ -57,6 +60,7 @@ const state = {
   endReason: null, // from a call.ending event
   transcript: new Transcript(),
   statsTimer: null,
+  connectTimer: null,
   lastStats: null,
   meterFrame: null,
   recording: null,
@@ -220,16 +224,22 @@ async function openMicrophone() {
 /** Mid-call microphone or processing change: a fresh track replaces the sent one. */
 async function reopenMicrophone() {
   if (state.phase !== "connected" || !state.call?.pc) return;
+  const sender = state.call.pc.getSenders().find((s) => s.track?.kind === "audio" || s.track === null);
+  // Chromium hands a second capture of an open device the first one's processing, so the
+  // old track must stop before the new settings can take effect (a brief gap in the audio).
+  state.micStream?.getTracks().forEach((t) => t.stop());
   let stream;
   try {
     stream = await openMicrophone();
   } catch (failure) {
+    state.micStream = null;
+    state.graph?.setMicStream(null);
+    await sender?.replaceTrack(null);
     showError(failure);
+    setStatus("Connected, but without a microphone.");
     return;
   }
-  const sender = state.call.pc.getSenders().find((s) => s.track?.kind === "audio" || s.track === null);
   await sender?.replaceTrack(stream.getAudioTracks()[0]);
-  state.micStream?.getTracks().forEach((t) => t.stop());
   state.micStream = stream;
   state.graph?.setMicStream(stream);
   setStatus("Connected. Microphone settings applied.");
@@ -315,13 +325,19 @@ async function startCall() {
     await call.start(state.micStream.getAudioTracks()[0], state.micStream);
     state.timings.answeredAt = performance.now();
     startStatsPolling();
+    state.connectTimer = setTimeout(() => {
+      if (call === state.call && state.phase === "starting") {
+        showError(connectionFailure("timeout"));
+        finishCall("Call failed.", { release: true });
+      }
+    }, CONNECT_TIMEOUT_MS);
   } catch (error) {
     if (state.phase === "idle") return; // hung up while starting
     const failure = error instanceof CallFailure
       ? error
       : { code: "call_failed", message: `The call could not start: ${error?.message ?? error}` };
     showError(failure);
-    await finishCall(failure.code === "server_full" ? "Busy." : "Call failed.");
+    await finishCall(failure.code === "server_full" ? "Busy." : "Call failed.", { release: true });
   }
 }
 
@@ -339,7 +355,7 @@ function onConnectionState(call, connectionState) {
       return;
     }
     showError(connectionFailure("failed"));
-    finishCall("Call failed.");
+    finishCall("Call failed.", { release: true });
   } else if (connectionState === "closed" && !call.closed) {
     onServerGone(call);
   }
@@ -407,9 +423,17 @@ async function hangUp() {
   await finishCall("Call ended.");
 }
 
-async function finishCall(statusText) {
+/**
+ * Tear down the page side of a call. `release` also DELETEs the call resource (the call
+ * failed on our side, so the agent may still hold its slot); a call the agent ended is
+ * only closed here.
+ */
+async function finishCall(statusText, { release = false } = {}) {
   const call = state.call;
   state.call = null;
+  clearTimeout(state.connectTimer);
+  state.connectTimer = null;
+  if (release) call?.hangup();
   call?.close();
   stopStatsPolling();
   if (state.recording && state.graph?.capture) await stopRecording();

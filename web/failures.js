@@ -125,6 +125,14 @@ export function connectionFailure(state) {
         "other. A firewall may block UDP; the agent may need a TURN server.",
     };
   }
+  if (state === "timeout") {
+    return {
+      code: "connect_timeout",
+      message:
+        "The audio connection did not come up in time: the browser and the agent could not " +
+        "reach each other. A firewall may block UDP; the agent may need a TURN server.",
+    };
+  }
   return {
     code: "connection_lost",
     message: "The audio connection was lost.",

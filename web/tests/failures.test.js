@@ -50,6 +50,8 @@ test("connection and server-side endings", () => {
   assert.equal(connectionFailure("failed").code, "ice_failed");
   assert.match(connectionFailure("failed").message, /TURN/);
   assert.equal(connectionFailure("closed").code, "connection_lost");
+  assert.equal(connectionFailure("timeout").code, "connect_timeout");
+  assert.match(connectionFailure("timeout").message, /TURN/);
   assert.match(serverEnded("max_call_seconds").message, /time limit/);
   assert.match(serverEnded("max_call_seconds", "calls are limited to 2 s").message, /limited to 2 s/);
   assert.equal(serverEnded().message, "The agent ended the call.");
