@@ -16,6 +16,14 @@ only the agent codebooks are generated; the user's rows always come from the mic
 Forced tokens follow PersonaPlex's prompting: a forced text token is this step's text; a
 forced agent frame is placed with the delays and teacher-forces the depformer.
 
+Relation to PersonaPlex's own `LMGen`: its call n does our step n - 1 (its first call only
+fills initial tokens), and it writes the user frame given at call n into column n, where we
+write the frame given at step s into column s. Both put user frame f in column f and predict
+agent column f + 1 from columns <= f; we just run that prediction as soon as frame f arrives,
+one frame earlier. Its prompt inputs (text at the target column, agent frames with delays,
+voice embeddings then a restored token cache) map onto `forced_text`, `forced_agent`,
+`input_embeddings` and `restore_token_cache`.
+
 All slot state lives in `self.state` (StreamingModule), so `reset_slots`, `export_slot` and
 `import_slot` from `streaming.py` cover the token ring and every KV cache at once.
 """
