@@ -177,8 +177,10 @@ class BatchedStepper:
         if last is handle:
             return
         hole = handle.slot
-        self.lm_stepper.import_slot(hole, self.lm_stepper.export_slot(last.slot))
-        streaming.import_slot(self.mimi, hole, streaming.export_slot(self.mimi, last.slot))
+        # Slot to slot in place: no temporary copy of a KV cache (about 1.6 GB per slot at 7B).
+        for module in self._stateful:
+            for value in (module.state or {}).values():
+                value[hole].copy_(value[last.slot])
         last.slot = hole
         self.handles[hole] = last
 
