@@ -158,6 +158,35 @@ def test_slot_reset_gives_what_each_slot_gives_alone(pair) -> None:
                 assert (out[slot : slot + 1] - want_out).abs().max().item() <= 1e-5, (slot, t)
 
 
+def test_frozen_slot_state_is_untouched(pair) -> None:
+    """A slot marked inactive for some ticks continues as if those ticks never happened."""
+    _, ours, _ = pair
+    torch.manual_seed(14)
+    frames, frozen = 10, (3, 4, 5)
+    audio = torch.randn(3, 1, FRAME * frames) * 0.3
+    kept = [t for t in range(frames) if t not in frozen]
+
+    with torch.no_grad():
+        start_streaming(ours, 1)
+        alone = []
+        for t in kept:
+            codes = ours.encode(audio[1:2, :, t * FRAME : (t + 1) * FRAME])
+            alone.append((codes, ours.decode(codes)))
+        start_streaming(ours, 3)
+        got = []
+        for t, chunk in enumerate(audio.split(FRAME, dim=-1)):
+            active = torch.tensor([True, t not in frozen, True])
+            codes = ours.encode(chunk, active=active)
+            out = ours.decode(codes, active=active)
+            if t not in frozen:
+                got.append((codes[1:2], out[1:2]))
+    for (codes, out), (want_codes, want_out) in zip(got, alone):
+        assert torch.equal(codes, want_codes)
+        assert (out - want_out).abs().max().item() <= 1e-5
+    with pytest.raises(ValueError, match="active"):
+        ours.encode(audio[..., :FRAME], active=torch.ones(2, dtype=torch.bool))
+
+
 def test_streaming_rejects_partial_frames(pair) -> None:
     _, ours, _ = pair
     start_streaming(ours, 1)

@@ -11,6 +11,10 @@ Streaming state (slot is dim 0):
   and for replicate padding `first`, whether the slot has seen no input yet;
 - transposed conv: `partial`, the overlap-add tail that the next call's output must include.
 A call outside streaming computes as if from fresh state, so offline == streaming.
+
+Frozen slots: while `active` (bool [B], set by the owner of the layer for one call, see
+`MimiModel`) is not None, slots where it is False compute normally but keep their state, so
+the call leaves them exactly as if it had not happened for them.
 """
 
 from __future__ import annotations
@@ -110,6 +114,7 @@ class StreamingConv1d(StreamingModule):
         )
         self.in_channels = in_channels
         self.stride = stride
+        self.active: torch.Tensor | None = None
         self.gemm_capable = dilation == 1 and groups == 1
         effective_kernel = (kernel_size - 1) * dilation + 1
         # Samples of left context kept between calls; may be negative-free only if stride <= kernel.
@@ -143,15 +148,22 @@ class StreamingConv1d(StreamingModule):
         if self.history == 0:
             return self._conv(x)
         state = self.state if self.state is not None else self.init_state(x.shape[0])
-        previous = state["previous"]
+        kept = state["previous"]
+        previous = kept
         if self.pad_mode == "replicate":
             # A fresh slot pads with copies of its first sample instead of zeros.
-            first = state["first"].view(-1, 1, 1)
-            previous = torch.where(first, x[..., :1], previous)
-            state["first"].zero_()
+            first = state["first"]
+            previous = torch.where(first.view(-1, 1, 1), x[..., :1], previous)
+            if self.active is None:
+                first.zero_()
+            else:
+                first.logical_and_(~self.active)
         padded = torch.cat([previous, x], dim=-1)
         y = self._conv(padded)
-        state["previous"].copy_(padded[..., -self.history :])
+        history = padded[..., -self.history :]
+        if self.active is not None:
+            history = torch.where(self.active.view(-1, 1, 1), history, kept)
+        kept.copy_(history)
         return y
 
 
@@ -173,6 +185,7 @@ class StreamingConvTranspose1d(StreamingModule):
         )
         self.out_channels = out_channels
         self.stride = stride
+        self.active: torch.Tensor | None = None
         self.overhang = max(kernel_size - stride, 0)
         self.gemm_capable = groups == 1 and kernel_size % stride == 0
 
@@ -196,7 +209,10 @@ class StreamingConvTranspose1d(StreamingModule):
         if tail and self.state is not None:
             partial = self.state["partial"]
             y[..., :tail] += partial
-            partial.copy_(y[..., -tail:])
+            overhang = y[..., -tail:]
+            if self.active is not None:
+                overhang = torch.where(self.active.view(-1, 1, 1), overhang, partial)
+            partial.copy_(overhang)
         if convtr.bias is not None:
             y += convtr.bias[:, None]
         # Offline, the overhang is dropped (as if the stream ended here).

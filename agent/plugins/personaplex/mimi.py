@@ -10,12 +10,17 @@ layer's state, `reset_slots(mimi, mask)` restarts some slots (a new call) withou
 others. While streaming, inputs must be a whole number of frames; the stepper feeds exactly
 one frame per slot per tick. Outside streaming, `encode` pads the input to whole frames.
 
+`encode`/`decode` take an optional `active` mask (bool [B]): slots where it is False are
+computed but keep their streaming state (frozen), like the LM stepper's frozen slots.
+
 Module names follow the reference checkpoint (`encoder.model.N...`, `encoder_transformer...`,
 `downsample.conv.conv.conv.weight`, `upsample.convtr.convtr.convtr.weight`, `quantizer...`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -91,6 +96,7 @@ class MimiModel(nn.Module):
                 f"frame size {self.frame_size} is not a multiple of the SEANet hop {encoder.hop_length}"
             )
         self.resample_stride = self.frame_size // encoder.hop_length
+        self._conv_layers: list[StreamingConv1d | StreamingConvTranspose1d] | None = None
         self.downsample: ConvDownsample1d | None = None
         self.upsample: ConvTrUpsample1d | None = None
         if self.resample_stride > 1:
@@ -129,31 +135,63 @@ class MimiModel(nn.Module):
             )
         return x
 
-    def encode_latent(self, x: Tensor) -> Tensor:
+    def _convs(self) -> list[StreamingConv1d | StreamingConvTranspose1d]:
+        if self._conv_layers is None:
+            self._conv_layers = [
+                module for module in self.modules() if isinstance(module, (StreamingConv1d, StreamingConvTranspose1d))
+            ]
+        return self._conv_layers
+
+    @contextmanager
+    def _frozen_slots(self, active: Tensor | None, batch: int) -> Iterator[None]:
+        if active is None:
+            yield
+            return
+        if not self.is_streaming:
+            raise ValueError("an active-slot mask only applies while streaming")
+        if active.shape != (batch,) or active.dtype != torch.bool:
+            raise ValueError(f"active must be a bool tensor of shape [{batch}], got {active.dtype} {list(active.shape)}")
+        convs = self._convs()
+        for conv in convs:
+            conv.active = active
+        try:
+            yield
+        finally:
+            for conv in convs:
+                conv.active = None
+
+    def _transform(self, transformer: nn.Module | None, emb: Tensor, active: Tensor | None) -> Tensor:
+        if transformer is None:
+            return emb
+        if active is None:
+            return transformer(emb)[0]
+        return transformer(emb, active=active)[0]
+
+    def encode_latent(self, x: Tensor, active: Tensor | None = None) -> Tensor:
         """Audio [B, C, T] -> unquantized latent [B, dimension, frames]."""
         x = self._check_frames(x)
-        emb = self.encoder(x)
-        if self.encoder_transformer is not None:
-            emb = self.encoder_transformer(emb)[0]
-        if self.downsample is not None:
-            emb = self.downsample(emb)
+        with self._frozen_slots(active, x.shape[0]):
+            emb = self.encoder(x)
+            emb = self._transform(self.encoder_transformer, emb, active)
+            if self.downsample is not None:
+                emb = self.downsample(emb)
         return emb
 
-    def encode(self, x: Tensor) -> Tensor:
+    def encode(self, x: Tensor, active: Tensor | None = None) -> Tensor:
         """Audio [B, C, frame_size * n] -> codes [B, num_codebooks, n] (int64)."""
-        return self.quantizer.encode(self.encode_latent(x))
+        return self.quantizer.encode(self.encode_latent(x, active))
 
-    def decode(self, codes: Tensor) -> Tensor:
+    def decode(self, codes: Tensor, active: Tensor | None = None) -> Tensor:
         """Codes [B, K, n] (K <= total codebooks, values in [0, cardinality)) -> audio [B, C, frame_size * n]."""
         if codes.dim() != 3:
             raise ValueError(f"codes must be [B, K, n], got {list(codes.shape)}")
         dtype = self.decoder.model[0].conv.conv.weight.dtype
         emb = self.quantizer.decode(codes, dtype)
-        if self.upsample is not None:
-            emb = self.upsample(emb)
-        if self.decoder_transformer is not None:
-            emb = self.decoder_transformer(emb)[0]
-        return self.decoder(emb)
+        with self._frozen_slots(active, codes.shape[0]):
+            if self.upsample is not None:
+                emb = self.upsample(emb)
+            emb = self._transform(self.decoder_transformer, emb, active)
+            return self.decoder(emb)
 
 
 def load_mimi(

@@ -55,8 +55,12 @@ def restore_state(layers: list[StreamingModule], saved: StateTensors) -> None:
 class _Captured:
     graph: torch.cuda.CUDAGraph
     static_input: torch.Tensor
+    static_active: torch.Tensor
     static_output: torch.Tensor
     addresses: tuple[int, ...]
+
+
+Step = Callable[..., torch.Tensor]
 
 
 class GraphedMimi:
@@ -73,23 +77,23 @@ class GraphedMimi:
         self._pool: object | None = None
 
     @torch.no_grad()
-    def encode(self, audio: torch.Tensor) -> torch.Tensor:
-        """Audio [B, 1, frame_size * n] -> codes [B, K, n]."""
-        return self._run("encode", self.mimi.encode, audio)
+    def encode(self, audio: torch.Tensor, active: torch.Tensor | None = None) -> torch.Tensor:
+        """Audio [B, 1, frame_size * n] -> codes [B, K, n]; `active` as in `MimiModel.encode`."""
+        return self._run("encode", self.mimi.encode, audio, active)
 
     @torch.no_grad()
-    def decode(self, codes: torch.Tensor) -> torch.Tensor:
-        """Codes [B, K, n] -> audio [B, 1, frame_size * n]."""
-        return self._run("decode", self.mimi.decode, codes)
+    def decode(self, codes: torch.Tensor, active: torch.Tensor | None = None) -> torch.Tensor:
+        """Codes [B, K, n] -> audio [B, 1, frame_size * n]; `active` as in `MimiModel.decode`."""
+        return self._run("decode", self.mimi.decode, codes, active)
 
     def clear(self) -> None:
         """Drop every captured graph (and its memory pool)."""
         self._graphs.clear()
         self._pool = None
 
-    def _run(self, kind: str, step: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+    def _run(self, kind: str, step: Step, x: torch.Tensor, active: torch.Tensor | None) -> torch.Tensor:
         if not self.use_graph:
-            return step(x)
+            return step(x, active=active)
         if not self.mimi.is_streaming:
             raise RuntimeError("GraphedMimi replays streaming steps: call start_streaming(mimi, B) first")
         key = (kind, tuple(x.shape), x.dtype, x.device)
@@ -99,24 +103,28 @@ class GraphedMimi:
             captured = self._capture(step, x, addresses)
             self._graphs[key] = captured
         captured.static_input.copy_(x)
+        # One graph serves both cases: "no mask" is an all-true mask.
+        if active is None:
+            captured.static_active.fill_(True)
+        else:
+            captured.static_active.copy_(active)
         captured.graph.replay()
         # The output buffer is overwritten by the next replay.
         return captured.static_output.clone()
 
-    def _capture(
-        self, step: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, addresses: tuple[int, ...]
-    ) -> _Captured:
+    def _capture(self, step: Step, x: torch.Tensor, addresses: tuple[int, ...]) -> _Captured:
         static_input = x.clone()
+        static_active = torch.ones(x.shape[0], dtype=torch.bool, device=x.device)
         saved = save_state(self.layers)
         side = torch.cuda.Stream(device=x.device)
         side.wait_stream(torch.cuda.current_stream(x.device))
         with torch.cuda.stream(side):
             for _ in range(2):
-                step(static_input)
+                step(static_input, active=static_active)
         torch.cuda.current_stream(x.device).wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self._pool):
-            static_output = step(static_input)
+            static_output = step(static_input, active=static_active)
         self._pool = graph.pool()
         restore_state(self.layers, saved)
-        return _Captured(graph, static_input, static_output, addresses)
+        return _Captured(graph, static_input, static_active, static_output, addresses)
