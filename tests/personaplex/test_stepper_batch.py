@@ -100,3 +100,30 @@ def test_bucket_width() -> None:
 
     assert [bucket_width(n, 64) for n in (1, 2, 3, 5, 8, 9, 33, 64)] == [1, 2, 4, 8, 8, 16, 64, 64]
     assert bucket_width(5, 6) == 6
+
+
+def test_mixed_sampling_batch_equals_alone(models: TinyModels, snapshots: dict) -> None:
+    """Greedy and sampling sessions in one batch (one LM pass per sampling config, the
+    others frozen) each get what they get alone."""
+    from agent.plugins.personaplex.sampling import SamplingConfig
+
+    sampled = SamplingConfig(use_sampling=True, temp=1.0, top_k=50, temp_text=1.0, top_k_text=10)
+    frames = [speech_like_frames(seed=30 + i, count=6) for i in range(3)]
+    configs = [(SamplingConfig(), 0), (sampled, 7), (sampled, 8)]
+
+    def alone(index: int) -> list:
+        stepper = BatchedStepper(models.lm, models.mimi, capacity=1)
+        handle = stepper.acquire(snapshots["NATF2.pt"], *configs[index])
+        return [stepper.step([handle], f[None])[0] for f in frames[index]]
+
+    stepper = BatchedStepper(models.lm, models.mimi, capacity=3)
+    handles = [stepper.acquire(snapshots["NATF2.pt"], *config) for config in configs]
+    batched: list[list] = [[], [], []]
+    for tick in range(6):
+        for index, result in enumerate(stepper.step(handles, np.stack([f[tick] for f in frames]))):
+            batched[index].append(result)
+    for index in range(3):
+        expected = alone(index)
+        assert [(r.text_token, r.audio_codes) for r in batched[index]] == \
+            [(r.text_token, r.audio_codes) for r in expected], index
+    assert [r.audio_codes for r in batched[1]] != [r.audio_codes for r in batched[2]]
