@@ -142,3 +142,25 @@ def test_weights_missing_or_mismatched(tmp_path: Path) -> None:
     save_file({k: v.contiguous() for k, v in state.items()}, str(directory / "model.safetensors"))
     with pytest.raises(ValueError, match="text_linear.weight"):
         load_lm(info)
+
+
+def test_memory_estimate_matches_real_tensors_and_7b_sizes(tmp_path: Path) -> None:
+    from agent.plugins.personaplex import streaming
+    from agent.plugins.personaplex.lm_config import estimate_lm_memory
+    from agent.plugins.personaplex.lm_stepper import LMStepper
+
+    info = load_checkpoint_info(_write_dir(tmp_path / "ckpt", TINY_LM))
+    estimate = estimate_lm_memory(info, dtype=torch.float32)
+    model = build_lm(info, dtype=torch.float32)
+    stepper = LMStepper(model, 3)
+    real_state = sum(
+        v.numel() * v.element_size() for _, m in streaming.streaming_modules(stepper) for v in (m.state or {}).values()
+    )
+    assert estimate.weight_bytes == sum(p.numel() * p.element_size() for p in model.parameters())
+    assert estimate.total_bytes(3) == estimate.weight_bytes + real_state
+
+    info.lm_kwargs = personaplex_7b_lm_kwargs()
+    big = estimate_lm_memory(info, dtype=torch.bfloat16)
+    assert 8.3e9 < big.weight_bytes / 2 < 8.45e9  # PersonaPlex: about 8.37 B parameters
+    # KV cache of 32 layers x 3000 frames x 4096 x (K and V) in bf16, per slot.
+    assert big.state_bytes_per_slot >= 32 * 3000 * 4096 * 2 * 2

@@ -261,3 +261,32 @@ def fill_missing_depformer_steps(state: dict[str, torch.Tensor], expected: dict[
             elif reference is not None and group == "depformer_emb":
                 state[key] = torch.zeros(expected[key], dtype=reference.dtype, device=reference.device)
             break
+
+
+@dataclass(frozen=True)
+class LMMemoryEstimate:
+    """Device memory the LM needs: weights once, plus streaming state per session slot."""
+
+    weight_bytes: int
+    state_bytes_per_slot: int
+
+    def total_bytes(self, slots: int) -> int:
+        return self.weight_bytes + slots * self.state_bytes_per_slot
+
+
+def estimate_lm_memory(info: CheckpointInfo, dtype: torch.dtype = torch.bfloat16) -> LMMemoryEstimate:
+    """Exact sizes from a weightless (meta device) build: parameters in `dtype`, and every
+    streaming tensor of one slot (KV caches of `context` frames, token ring, positions)."""
+    from . import streaming
+    from .lm_stepper import LMStepper
+
+    with torch.device("meta"):
+        model = build_lm(info, device="meta", dtype=dtype)
+        stepper = LMStepper(model, 1)
+    weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    state_bytes = sum(
+        value.numel() * value.element_size()
+        for _, module in streaming.streaming_modules(stepper)
+        for value in (module.state or {}).values()
+    )
+    return LMMemoryEstimate(weight_bytes=weight_bytes, state_bytes_per_slot=state_bytes)
