@@ -1,4 +1,20 @@
-"""Wires the OpenAI-Realtime / WHIP-style API into an app: CORS, auth, routes."""
+"""Wires the OpenAI-Realtime / WHIP-style API into an app: CORS, auth, routes.
+
+Routes (all errors are JSON `{"error": {"code", "message", "param"?}}`):
+- `POST /v1/realtime/calls`: `application/sdp` offer, or `multipart/form-data` with `sdp` and
+  `session` (JSON, OpenAI shape: `instructions`, `audio.output.voice`, plus `extra_body`).
+  201 + SDP answer, `Location: /v1/realtime/calls/{call_id}`, `ETag`, one `Link` per ICE
+  server. 415 wrong type, 400 bad SDP/session (plugin codes), 413 body limits, 411 multipart
+  without Content-Length, 503 + `Retry-After` (`server_full`) when `--max-sessions` is reached.
+- `DELETE /v1/realtime/calls/{id}` and `POST /v1/realtime/calls/{id}/hangup`: 200; 404
+  (`call_not_found`) for an unknown id or another credential's call.
+- `PATCH /v1/realtime/calls/{id}` (`application/trickle-ice-sdpfrag`): 204; 412 wrong
+  `If-Match`; 422 ICE restart; 400 bad fragment/candidate/mid.
+- `OPTIONS` on any route: CORS preflight, `Accept-Post` on the calls collection.
+- `POST /v1/realtime/client_secrets`: see `auth`.
+- `GET /v1/realtime/config`: ICE servers (browser shape), plugin, codecs, voices.
+- `GET /v1/models`, `GET /v1/models/{id}`: the served plugin in the OpenAI list shape, voices.
+"""
 
 from __future__ import annotations
 

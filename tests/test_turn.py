@@ -3,6 +3,8 @@ real coturn server, using the ICE servers the agent advertises."""
 
 from __future__ import annotations
 
+import time
+
 import aiohttp
 from aiortc import RTCIceServer
 
@@ -46,7 +48,10 @@ async def test_relay_only_caller_through_coturn(
                             credential=s.get("credential")) for s in advertised]
     client = RealtimeClient(running.url, ice_servers=learned, relay_only=True)
     realtime_clients.append(client)
+    offered_at = time.monotonic()
     await client.call(connect_timeout=20)
+    print(f"relay-only call connected {(time.monotonic() - offered_at) * 1000:.0f} ms after "
+          "the offer was made")
 
     # The caller offered relay candidates only; the agent gathered a relay of its own too.
     assert candidate_types(client.pc.localDescription.sdp) == {"relay"}
