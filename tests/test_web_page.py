@@ -375,7 +375,7 @@ async def test_unreachable_agent_says_ice_failed(
     await wait_until(lambda: all_freed(running), timeout=5)
 
 
-async def test_processing_switch_mid_call_replaces_the_sent_track(
+async def test_mic_and_processing_switch_mid_call_replace_the_sent_track(
     start_agent: AgentFactory, chromium: Browser
 ) -> None:
     running = await start_agent()
@@ -399,6 +399,20 @@ async def test_processing_switch_mid_call_replaces_the_sent_track(
     heard_at = call.last_inbound_at
     await wait_until(lambda: call.last_inbound_at != heard_at, timeout=5)
     await wait_for_inbound_audio(page)
+
+    # The microphone list is filled once permission is granted; choosing one switches to it.
+    options = page.locator("#mic option")
+    assert await options.count() >= 2
+    other = await options.nth(1).get_attribute("value")
+    await page.evaluate("document.getElementById('status').textContent = ''")
+    await page.select_option("#mic", other)
+    await expect(page.locator("#status")).to_contain_text("Microphone settings applied",
+                                                          timeout=UI_TIMEOUT_MS)
+    device = await page.evaluate("""() => window.voiceApp.call.pc.getSenders()
+        .find((s) => s.track).track.getSettings().deviceId""")
+    assert device == other
+    heard_at = call.last_inbound_at
+    await wait_until(lambda: call.last_inbound_at != heard_at, timeout=5)
     await page.click("#hangup")
     await wait_until(lambda: all_freed(running), timeout=5)
     assert_clean(log)

@@ -143,7 +143,12 @@ export class VoiceCall extends EventTarget {
   async #deleteResource() {
     if (!this.location) return null;
     try {
-      const response = await fetch(this.location, { method: "DELETE", headers: this.#headers() });
+      // keepalive: a hang-up sent as the tab closes (pagehide) still reaches the agent.
+      const response = await fetch(this.location, {
+        method: "DELETE",
+        headers: this.#headers(),
+        keepalive: true,
+      });
       return response.status;
     } catch {
       return null;

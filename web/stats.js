@@ -16,7 +16,11 @@ function selectedPair(stats) {
     const pair = stats.find((s) => s.id === transport.selectedCandidatePairId);
     if (pair) return pair;
   }
-  return firstOf(stats, "candidate-pair", (s) => s.nominated && s.state === "succeeded");
+  // Firefox has no transport stats; it flags its pair with a non-standard `selected`.
+  return (
+    firstOf(stats, "candidate-pair", (s) => s.selected === true) ??
+    firstOf(stats, "candidate-pair", (s) => s.nominated && s.state === "succeeded")
+  );
 }
 
 function codecName(stats, rtp) {

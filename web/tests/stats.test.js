@@ -40,6 +40,12 @@ test("RTT falls back to remote-inbound-rtp, then to nothing", () => {
   assert.equal(summarizeStats(noPair).rttMs, null);
 });
 
+test("Firefox's selected pair wins when there is no transport entry", () => {
+  const stats = report().filter((s) => s.type !== "transport").map((s) =>
+    s.id === "CP2" ? { ...s, selected: true, currentRoundTripTime: 0.012 } : s);
+  assert.equal(summarizeStats(stats).rttMs, 12);
+});
+
 test("a nominated succeeded pair is used when the transport names none", () => {
   const stats = report().filter((s) => s.type !== "transport");
   assert.equal(summarizeStats(stats).rttMs, 4);
