@@ -120,3 +120,20 @@ async def test_caller_closing_its_peer_frees_the_slot(
     await wait_until(lambda: all_freed(running), timeout=10)
     print(f"slot freed {(time.monotonic() - closed_at) * 1000:.0f} ms after the caller closed")
     assert running.agent.calls == {}
+
+
+async def test_caller_whose_audio_stops_is_ended_by_the_idle_timeout(
+    start_agent: AgentFactory, realtime_clients: list[RealtimeClient]
+) -> None:
+    running = await start_agent(settings=AgentSettings(
+        max_calls=1, call=CallSettings(idle_timeout=1.0)))
+    client = RealtimeClient(running.url)
+    realtime_clients.append(client)
+    await client.call()
+    await client.wait_audio(0.3)
+    call = running.agent.calls[client.call_id]
+    # A vanished caller: its connection stays up but no more audio arrives.
+    sender = next(s for s in client.pc.getSenders() if s.track is not None)
+    sender.replaceTrack(None)
+    await wait_until(lambda: all_freed(running), timeout=10)
+    assert call.end_reason == "idle_timeout"
