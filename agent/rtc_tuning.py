@@ -8,7 +8,9 @@ from __future__ import annotations
 import logging
 
 from aiortc import RTCRtpReceiver, RTCRtpTransceiver
-from aiortc.jitterbuffer import JitterBuffer
+from aiortc.jitterbuffer import JitterBuffer, JitterFrame
+from aiortc.rtp import RtpPacket
+from aiortc.utils import uint16_add
 from aiortc.rtcrtpparameters import RTCRtpCodecParameters
 
 log = logging.getLogger(__name__)
@@ -16,17 +18,44 @@ log = logging.getLogger(__name__)
 JITTER_CAPACITY = 16  # packets; a power of two, as aiortc requires
 
 
-def set_audio_jitter_prefetch(receiver: RTCRtpReceiver, packets: int) -> None:
-    """Audio leaves aiortc's jitter buffer once `packets` later packets have arrived.
+class ImmediateAudioJitterBuffer(JitterBuffer):
+    """Releases each audio packet the moment it arrives in order; late packets are dropped.
 
-    aiortc fixes this at 4 (about 80 ms of delay). On a clean link 1 is enough; lossy or
-    jittery links want more. 0 behaves like 1 (a frame is complete when the next arrives).
+    An audio RTP packet is a whole frame, so nothing needs reassembling. aiortc's buffer
+    instead waits for the next packet to know a frame is complete (20 ms) plus its prefetch
+    (4 packets, 80 ms). The agent absorbs network jitter after decoding instead, in the
+    ticker's caller FIFO, which keeps only the cushion that jitter actually needed.
+    """
+
+    def __init__(self) -> None:
+        super().__init__(capacity=JITTER_CAPACITY)
+        self._expected: int | None = None
+
+    def add(self, packet: RtpPacket) -> tuple[bool, JitterFrame | None]:
+        sequence = packet.sequence_number
+        if self._expected is not None and uint16_add(sequence, -self._expected) >= 0x8000:
+            return False, None  # older than what was already played out
+        self._expected = uint16_add(sequence, 1)
+        return False, JitterFrame(data=packet._data, timestamp=packet.timestamp)  # type: ignore[attr-defined]
+
+
+def set_audio_jitter_prefetch(receiver: RTCRtpReceiver, packets: int) -> None:
+    """How many later packets aiortc's jitter buffer waits for before releasing audio.
+
+    aiortc fixes this at 4 (about 80 ms). 0 releases every packet on arrival
+    (`ImmediateAudioJitterBuffer`); 1 or more keeps aiortc's buffer with that prefetch, which
+    also reorders packets that arrive out of order within its window.
     """
     attribute = "_RTCRtpReceiver__jitter_buffer"
     if not hasattr(receiver, attribute):
         log.warning("aiortc internals changed: jitter buffer depth not applied")
         return
-    setattr(receiver, attribute, JitterBuffer(capacity=JITTER_CAPACITY, prefetch=packets))
+    buffer = (
+        ImmediateAudioJitterBuffer()
+        if packets <= 0
+        else JitterBuffer(capacity=JITTER_CAPACITY, prefetch=packets)
+    )
+    setattr(receiver, attribute, buffer)
 
 
 AUDIO_CODECS = ("opus", "PCMU", "PCMA")  # the audio codecs aiortc can negotiate

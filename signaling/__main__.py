@@ -60,7 +60,10 @@ def build_parser() -> argparse.ArgumentParser:
     calls.add_argument("--connect-timeout", type=float, default=20.0,
                        help="end a call not connected (ICE+DTLS) within this many seconds")
     calls.add_argument("--jitter-buffer", type=int, default=1, metavar="PACKETS",
-                       help="receive jitter buffer depth in 20 ms packets (aiortc: 4; default 1)")
+                       help="receive jitter buffer depth in 20 ms packets before decoding "
+                       "(aiortc: 4; default 1; 0 releases each packet on arrival and leaves "
+                       "jitter to the caller FIFO after decoding; raise it on links that "
+                       "reorder packets)")
     calls.add_argument("--codecs", default=",".join(DEFAULT_CODECS), type=_codec_list,
                        help="accepted audio codecs in preference order (default opus,PCMU,PCMA)")
     calls.add_argument("--ice-host", action="append", default=None, metavar="ADDR",
