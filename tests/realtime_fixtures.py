@@ -40,7 +40,6 @@ def strip_candidates(sdp: str) -> tuple[str, list[tuple[str, str]]]:
         if line == "a=end-of-candidates":
             continue
         kept.append(line)
-    # a=mid comes after candidates in aiortc output for no section, but be safe:
     return "\r\n".join(kept) + "\r\n", taken
 
 
@@ -156,8 +155,8 @@ class RealtimeClient:
                     raise AssertionError(f"offer refused: {response.status} {body}")
                 self.location = response.headers["Location"]
                 self.etag = response.headers.get("ETag")
+            await self.pc.setRemoteDescription(RTCSessionDescription(body, "answer"))
             if trickle:
-                await self.pc.setRemoteDescription(RTCSessionDescription(body, "answer"))
                 ufrag, pwd = ice_credentials(sdp)
                 async with http.patch(
                     self.base_url + self.location, data=sdpfrag(ufrag, pwd, candidates),
@@ -165,8 +164,6 @@ class RealtimeClient:
                              "Content-Type": "application/trickle-ice-sdpfrag"},
                 ) as patched:
                     assert patched.status == 204, await patched.text()
-            else:
-                await self.pc.setRemoteDescription(RTCSessionDescription(body, "answer"))
         await asyncio.wait_for(self.connected.wait(), connect_timeout)
 
     async def wait_event(self, event_type: str, timeout: float = 10.0,
