@@ -129,9 +129,9 @@ class PersonaPlexPlugin(Plugin):
             raise PluginError("invalid_max_sessions", "max_sessions must be >= 0", param="max_sessions")
         self.max_sessions = max_sessions or default_sessions
         self.default_voice = voice or (policy.DEFAULT_VOICE if self.uses_prompt else None)
-        # A snapshot holds one slot's whole KV cache (about 1.6 GB for the 7B model), so few
-        # are kept on a GPU; live sessions keep their own snapshot alive regardless.
-        self.prompt_cache_size = prompt_cache_size or (4 if self.device.type == "cuda" else 32)
+        # A snapshot holds the prompt's filled KV entries (about 0.1 GB for the 7B model and a
+        # ~200-frame prompt), so a GPU keeps fewer; live sessions keep their own alive anyway.
+        self.prompt_cache_size = prompt_cache_size or (16 if self.device.type == "cuda" else 32)
         self.model: LoadedModel | None = None
 
     @classmethod
