@@ -140,12 +140,9 @@ class RealtimeClient:
                                headers={**self.headers, "Content-Type": "application/sdp"})
 
     async def call(self, session: dict[str, Any] | None = None, *, multipart: bool = False,
-                   trickle: bool = False, connect_timeout: float = 15.0) -> None:
+                   connect_timeout: float = 15.0) -> None:
         """Offer, take the answer, wait until connected. Raises on refusal."""
         sdp = await self.offer_sdp()
-        candidates: list[tuple[str, str]] = []
-        if trickle:
-            sdp, candidates = strip_candidates(sdp)
         async with aiohttp.ClientSession() as http:
             response = await self.post(http, sdp, session, multipart)
             async with response:
@@ -156,14 +153,6 @@ class RealtimeClient:
                 self.location = response.headers["Location"]
                 self.etag = response.headers.get("ETag")
             await self.pc.setRemoteDescription(RTCSessionDescription(body, "answer"))
-            if trickle:
-                ufrag, pwd = ice_credentials(sdp)
-                async with http.patch(
-                    self.base_url + self.location, data=sdpfrag(ufrag, pwd, candidates),
-                    headers={**self.headers, "If-Match": self.etag or "*",
-                             "Content-Type": "application/trickle-ice-sdpfrag"},
-                ) as patched:
-                    assert patched.status == 204, await patched.text()
         await asyncio.wait_for(self.connected.wait(), connect_timeout)
 
     async def wait_event(self, event_type: str, timeout: float = 10.0,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import aiohttp
 
 from agent.testsignal import measure_echo
@@ -111,17 +113,53 @@ async def test_multipart_refused_session_is_a_coded_400(start_agent: AgentFactor
     assert all_freed(running)
 
 
-async def test_trickled_candidates_connect_the_call(
+def remote_host_ports(pc: object) -> set[int]:
+    """Ports of the host candidates the agent's ICE transport knows for its caller."""
+    ports = set()
+    for transceiver in pc.getTransceivers():  # type: ignore[attr-defined]
+        for candidate in transceiver.receiver.transport.transport.getRemoteCandidates():
+            if candidate.type == "host":
+                ports.add(candidate.port)
+    return ports
+
+
+async def test_trickled_candidates_reach_the_agent(
     start_agent: AgentFactory, realtime_clients: list[RealtimeClient]
 ) -> None:
+    from aiortc import RTCSessionDescription
+
+    from realtime_fixtures import ice_credentials, sdpfrag, strip_candidates
+
     running = await start_agent()
     client = RealtimeClient(running.url)
     realtime_clients.append(client)
-    # The offer carries no candidates at all: the call connects only through the PATCH.
-    await client.call(trickle=True)
-    await client.wait_audio(1.0)
+    # The offer carries no candidates at all; they follow in a PATCH.
+    sdp, candidates = strip_candidates(await client.offer_sdp())
+    assert candidates
     async with aiohttp.ClientSession() as http:
-        async with http.delete(running.url + client.location) as response:
+        async with await client.post(http, sdp) as response:
+            assert response.status == 201
+            answer, location = await response.text(), response.headers["Location"]
+            etag = response.headers["ETag"]
+        call = running.agent.calls[location.rsplit("/", 1)[-1]]
+        assert remote_host_ports(call.pc) == set()
+        ufrag, pwd = ice_credentials(sdp)
+        async with http.patch(running.url + location, data=sdpfrag(ufrag, pwd, candidates),
+                              headers={"Content-Type": "application/trickle-ice-sdpfrag",
+                                       "If-Match": etag}) as response:
+            assert response.status == 204
+            assert response.headers["ETag"] == etag
+        # The agent now knows exactly the caller's candidates (before any check could have
+        # taught it a peer-reflexive one: the caller has not even seen the answer yet).
+        # With BUNDLE the agent runs one transport, that of the first media section.
+        first_mid = candidates[0][0]
+        offered_ports = {int(line.split()[5]) for mid, line in candidates if mid == first_mid}
+        assert remote_host_ports(call.pc) == offered_ports
+        await client.pc.setRemoteDescription(RTCSessionDescription(answer, "answer"))
+        await asyncio.wait_for(client.connected.wait(), 15)
+        client.location = location
+        await client.wait_audio(1.0)
+        async with http.delete(running.url + location) as response:
             assert response.status == 200
     await wait_until(lambda: all_freed(running))
 
