@@ -172,7 +172,7 @@ def match_key(token: str, keys: tuple[str, ...]) -> str | None:
     return found
 
 
-def secret_may_use(request: web.Request, secret: EphemeralSecret) -> bool:
+def secret_may_use(request: web.Request) -> bool:
     path, method = request.path, request.method
     if method == "GET" and path in ("/v1/models", "/v1/realtime/config"):
         return True
@@ -198,7 +198,7 @@ def authenticate(request: web.Request) -> Principal:
         store.prune(request.app[AGENT_KEY].calls)
         secret = store.find(token)
         if secret is not None:
-            if not secret_may_use(request, secret):
+            if not secret_may_use(request):
                 raise ApiError(403, "secret_not_allowed",
                                "an ephemeral secret may only create and manage its own call")
             if secret.call_id is None and secret.expired():
