@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import io
 import re
+import shutil
 import subprocess
 import wave
 from collections.abc import AsyncIterator
@@ -35,7 +36,8 @@ ROOT = Path(__file__).resolve().parent.parent
 ARTIFACTS = ROOT / "artifacts"
 UI_TIMEOUT_MS = 15_000
 
-pytestmark = pytest.mark.skipif(chromium_path() is None, reason="Chromium is not installed")
+needs_chromium = pytest.mark.skipif(chromium_path() is None,
+                                    reason="Chromium is not installed (apt install chromium)")
 
 
 @pytest.fixture
@@ -101,6 +103,7 @@ def wav_channels(data: bytes) -> tuple[int, np.ndarray]:
 # -- tests ------------------------------------------------------------------------------------
 
 
+@pytest.mark.skipif(shutil.which("node") is None, reason="Node.js (>= 18) is not installed")
 def test_javascript_unit_tests_pass() -> None:
     result = subprocess.run(
         ["node", "--test", "web/tests/"], cwd=ROOT, capture_output=True, text=True, timeout=120
@@ -109,6 +112,7 @@ def test_javascript_unit_tests_pass() -> None:
     assert "# fail 0" in result.stdout
 
 
+@needs_chromium
 async def test_page_loads_clean_and_lists_the_agent(
     start_agent: AgentFactory, chromium: Browser
 ) -> None:
@@ -125,6 +129,7 @@ async def test_page_loads_clean_and_lists_the_agent(
     assert_clean(log)
 
 
+@needs_chromium
 async def test_call_plays_agent_audio_records_and_hangs_up(
     start_agent: AgentFactory, chromium: Browser
 ) -> None:
@@ -174,6 +179,7 @@ async def test_call_plays_agent_audio_records_and_hangs_up(
     assert_clean(log)
 
 
+@needs_chromium
 async def test_transcript_voice_choice_and_locks(
     start_agent: AgentFactory, chromium: Browser
 ) -> None:
@@ -212,6 +218,7 @@ async def test_transcript_voice_choice_and_locks(
     assert_clean(log)
 
 
+@needs_chromium
 async def test_server_full_says_busy(start_agent: AgentFactory, chromium: Browser) -> None:
     running = await start_agent(settings=AgentSettings(max_calls=1))
     first, _ = await open_page(chromium, running.url + "/")
@@ -262,6 +269,7 @@ async def token_server(agent_url: str, api_key: str) -> TestServer:
     return server
 
 
+@needs_chromium
 async def test_auth_required_then_token_url_works(
     start_agent: AgentFactory, chromium: Browser
 ) -> None:
@@ -291,6 +299,7 @@ async def test_auth_required_then_token_url_works(
         await tokens.close()
 
 
+@needs_chromium
 async def test_call_ended_by_server_is_explained(
     start_agent: AgentFactory, chromium: Browser
 ) -> None:
@@ -306,6 +315,7 @@ async def test_call_ended_by_server_is_explained(
     await wait_until(lambda: all_freed(running), timeout=5)
 
 
+@needs_chromium
 async def test_denied_microphone_is_explained(start_agent: AgentFactory) -> None:
     running = await start_agent()
     async with launch_chromium(allow_microphone=False) as browser:
@@ -319,6 +329,7 @@ async def test_denied_microphone_is_explained(start_agent: AgentFactory) -> None
     assert not running.agent.calls
 
 
+@needs_chromium
 async def test_keyboard_only_call_on_a_phone_screen(
     start_agent: AgentFactory, chromium: Browser
 ) -> None:
@@ -349,6 +360,7 @@ def without_candidates(sdp: str) -> str:
     return "\r\n".join(line for line in sdp.split("\r\n") if not line.startswith("a=candidate"))
 
 
+@needs_chromium
 async def test_unreachable_agent_says_ice_failed(
     start_agent: AgentFactory, chromium: Browser
 ) -> None:
@@ -375,6 +387,7 @@ async def test_unreachable_agent_says_ice_failed(
     await wait_until(lambda: all_freed(running), timeout=5)
 
 
+@needs_chromium
 async def test_mic_and_processing_switch_mid_call_replace_the_sent_track(
     start_agent: AgentFactory, chromium: Browser
 ) -> None:

@@ -13,7 +13,7 @@ import {
 } from "./failures.js";
 import { MeterBallistics } from "./levels.js";
 import { CallRecording, RECORDING_MODES } from "./recorder.js";
-import { activeSession, lockedFields, pendingUpdate, sessionFromForm, sessionUpdateEvent } from "./session.js";
+import { activeSession, lockedFields, pendingUpdate, sessionFromForm } from "./session.js";
 import { formatStats, summarizeStats } from "./stats.js";
 import { Transcript } from "./transcript.js";
 
@@ -596,7 +596,9 @@ function init() {
     if (state.recording && !state.graph?.capture) publishRecording();
   });
   ui.applySession.addEventListener("click", () => {
-    if (state.call?.send(sessionUpdateEvent(formFields()))) setStatus("Connected. Updating the session…");
+    const update = state.active ? pendingUpdate(formFields(), state.active) : null;
+    if (!update) setStatus("Connected. Nothing to change.");
+    else if (state.call?.send(update)) setStatus("Connected. Updating the session…");
   });
   ui.mic.addEventListener("change", reopenMicrophone);
   for (const box of [ui.echoCancellation, ui.noiseSuppression, ui.autoGain]) {
