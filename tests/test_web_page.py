@@ -429,3 +429,41 @@ async def test_mic_and_processing_switch_mid_call_replace_the_sent_track(
     await page.click("#hangup")
     await wait_until(lambda: all_freed(running), timeout=5)
     assert_clean(log)
+
+
+@needs_chromium
+async def test_hang_up_while_connecting_leaves_nothing_behind(
+    start_agent: AgentFactory, chromium: Browser
+) -> None:
+    running = await start_agent()
+    created: list[Any] = []
+    create_call = running.agent.create_call
+
+    async def recording_create_call(*args: Any, **kwargs: Any) -> Any:
+        call, answer = await create_call(*args, **kwargs)
+        created.append(call)
+        return call, answer
+
+    running.agent.create_call = recording_create_call  # type: ignore[method-assign]
+    page, log = await open_page(chromium, running.url + "/")
+    offer_posted = asyncio.Event()
+    release_offer = asyncio.Event()
+
+    async def hold_offer(route: Any) -> None:
+        offer_posted.set()
+        await release_offer.wait()
+        await route.continue_()
+
+    await page.route("**/v1/realtime/calls", hold_offer)
+    await page.click("#call")
+    await asyncio.wait_for(offer_posted.wait(), timeout=15)
+    await page.click("#hangup")
+    await expect(page.locator("#status")).to_have_text("Call ended.", timeout=UI_TIMEOUT_MS)
+    release_offer.set()  # the agent now answers a call nobody wants
+    await wait_until(lambda: len(created) == 1, timeout=10)
+    await wait_until(lambda: all_freed(running), timeout=10)
+    assert created[0].end_reason == "hangup"  # the page DELETEd it as soon as the answer came
+    assert await page.evaluate("window.voiceApp.call === null")
+    await expect(page.locator("#call")).to_be_enabled()
+    await expect(page.locator("#error")).to_be_hidden()
+    assert_clean(log)

@@ -264,7 +264,6 @@ function updateFieldLocks() {
   const noVoices = !state.model?.voices.length;
   ui.voice.disabled = locks.voice || noVoices;
   ui.persona.disabled = locks.instructions;
-  ui.persona.readOnly = false;
   const lockedNote = "Locked: this agent cannot change it during a call.";
   if (inCall && state.active && locks.instructions) {
     ui.personaNote.textContent = lockedNote;
@@ -299,7 +298,13 @@ async function startCall() {
     state.graph ??= new AudioGraph();
     await state.graph.resume();
     setStatus("Opening the microphone…");
-    state.micStream = await openMicrophone();
+    const micStream = await openMicrophone();
+    if (state.phase !== "starting") {
+      // Hung up while the permission prompt was open: give the microphone straight back.
+      micStream.getTracks().forEach((t) => t.stop());
+      return;
+    }
+    state.micStream = micStream;
     refreshMicrophones().catch(() => {});
     state.graph.setMicStream(state.micStream);
     startMeters();
@@ -309,14 +314,10 @@ async function startCall() {
       setStatus("Getting a call token…");
       secret = await fetchSecret(session);
     }
+    const servers = await iceServers(secret);
     if (state.phase !== "starting") return;
     setStatus("Connecting…");
-    const call = new VoiceCall({
-      baseUrl: location.href,
-      iceServers: await iceServers(secret),
-      secret,
-      session,
-    });
+    const call = new VoiceCall({ baseUrl: location.href, iceServers: servers, secret, session });
     state.call = call;
     call.addEventListener("state", (event) => onConnectionState(call, event.detail));
     call.addEventListener("track", (event) => onAgentStream(event.detail));
