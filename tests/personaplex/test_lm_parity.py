@@ -74,8 +74,16 @@ SMALL: dict[str, Any] = {
     "text_card_out": 70,
 }
 
-# The tiny size with normalised embeddings and a LayerNorm transformer.
-TINY_LAYER_NORM: dict[str, Any] = {**TINY, "norm": "layer_norm", "norm_emb": True, "layer_scale": 0.1, "bias_proj": True}
+# The tiny size with normalised embeddings, a LayerNorm transformer and the reference's
+# default sinusoidal depformer positions.
+TINY_LAYER_NORM: dict[str, Any] = {
+    **TINY,
+    "norm": "layer_norm",
+    "norm_emb": True,
+    "layer_scale": 0.1,
+    "bias_proj": True,
+    "depformer_pos_emb": "sin",
+}
 
 
 def write_checkpoint(directory: Path, config: dict[str, Any], seed: int, dtype: torch.dtype = torch.float32) -> Any:

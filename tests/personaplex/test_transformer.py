@@ -281,3 +281,17 @@ def test_snapshot_holds_only_the_filled_ring_and_imports_into_a_used_slot(tmp_pa
         streaming.import_slot(ours, 1, short)
         got = torch.cat([ours(x[2:3, t : t + 1].expand(3, -1, -1))[1:2] for t in range(3, 10)], dim=1)
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("positional_embedding", ["sin", "sin_rope", "rope_concat", "none"])
+def test_other_positional_embeddings_match(tmp_path: Path, positional_embedding: str) -> None:
+    """The reference LMModel's depformer defaults to "sin"; the others are accepted options."""
+    reference, ours = _build_lm_style(tmp_path, positional_embedding=positional_embedding, positional_scale=0.7)
+    x = torch.randn(2, 12, 48)
+    streaming.start_streaming(ours, 2)
+    with torch.no_grad(), reference.streaming(2):
+        for t in range(12):
+            torch.testing.assert_close(ours(x[:, t : t + 1]), reference(x[:, t : t + 1]), atol=1e-5, rtol=1e-5)
+    with torch.no_grad():
+        streaming.stop_streaming(ours)
+        torch.testing.assert_close(ours(x), reference(x), atol=1e-5, rtol=1e-5)
