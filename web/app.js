@@ -296,7 +296,9 @@ async function startCall() {
   ui.hangup.focus();
   try {
     state.graph ??= new AudioGraph();
-    await state.graph.resume();
+    // Not awaited: a browser that holds the context until a "real" gesture (Firefox under
+    // automation) must not hold up the call; the graph only feeds meters and recording.
+    state.graph.resume().catch(() => {});
     setStatus("Opening the microphone…");
     const micStream = await openMicrophone();
     if (state.phase !== "starting") {
@@ -533,6 +535,11 @@ function stopMeters() {
 
 async function startRecording() {
   if (!state.graph || state.phase !== "connected") return;
+  await Promise.race([state.graph.resume(), new Promise((resolve) => setTimeout(resolve, 1000))]);
+  if (state.graph.context.state !== "running") {
+    throw new Error("the browser has not started audio processing for this page " +
+      "(no audio output device, or audio is blocked for this site)");
+  }
   state.recording = new CallRecording(state.graph.sampleRate);
   const recording = state.recording;
   await state.graph.startCapture((caller, agent) => recording.append(caller, agent));
@@ -623,6 +630,7 @@ window.voiceApp = {
   get timings() { return { ...state.timings }; },
   get recording() { return state.recording; },
   get transcript() { return state.transcript.text; },
+  get audioContextState() { return state.graph?.context.state ?? null; },
 };
 
 init();
