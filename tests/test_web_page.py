@@ -347,6 +347,8 @@ async def test_keyboard_only_call_on_a_phone_screen(
     # Focus moved to Hang up when the call started, so one key ends it.
     assert await page.evaluate("document.activeElement.id") == "hangup"
     await wait_for_inbound_audio(page)
+    await expect(page.locator("#stats dd[data-stat=state]")).to_have_text("connected")
+    await page.wait_for_timeout(1200)  # one more stats poll, so the panel shows live numbers
     ARTIFACTS.mkdir(exist_ok=True)
     await page.screenshot(path=str(ARTIFACTS / "web_call_phone.png"), full_page=True)
     await page.keyboard.press("Space")

@@ -350,6 +350,7 @@ function onConnectionState(call, connectionState) {
     state.timings.connectedAt ??= performance.now();
     if (state.phase === "starting") setPhase("connected");
     setStatus("Connected. Talk to the agent.");
+    pollStats().catch(() => {}); // show the connected numbers now, not at the next tick
   } else if (connectionState === "disconnected") {
     setStatus("Connection interrupted; waiting for it to recover…");
   } else if (connectionState === "failed") {
