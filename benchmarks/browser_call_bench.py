@@ -92,7 +92,9 @@ def read_stereo(data: bytes) -> tuple[int, np.ndarray]:
 
 async def one_call(browser: Any, url: str, record_seconds: float, query: str) -> CallResult:
     page, log = await open_page(browser, url + "/" + query)
-    await page.wait_for_function("document.getElementById('agent-info').textContent.startsWith('Agent:')")
+    await page.wait_for_function(
+        "document.getElementById('agent-info').textContent.startsWith('Agent:')"
+    )
     await page.click("#call")
     await page.wait_for_function("window.voiceApp.timings.firstAgentAudioAt !== undefined",
                                  timeout=20_000)
@@ -169,8 +171,8 @@ async def main() -> int:
     header = ("call", "connect ms", "1st audio ms", "echo RTT ms", "corr", "ICE RTT ms",
               "playout ms")
     rows = [
-        (str(i + 1), fmt(r.connect_ms), fmt(r.first_audio_ms), fmt(r.echo_ms), fmt(r.correlation, 2),
-         fmt(r.ice_rtt_ms, 1), fmt(r.playout_ms))
+        (str(i + 1), fmt(r.connect_ms), fmt(r.first_audio_ms), fmt(r.echo_ms),
+         fmt(r.correlation, 2), fmt(r.ice_rtt_ms, 1), fmt(r.playout_ms))
         for i, r in enumerate(results)
     ]
     med = lambda xs: statistics.median(xs) if xs else None  # noqa: E731

@@ -33,7 +33,10 @@ def chromium_args(audio_file: Path, allow_microphone: bool = True) -> list[str]:
         "--autoplay-policy=no-user-gesture-required",
         "--disable-background-networking",
     ]
-    args.append("--use-fake-ui-for-media-stream" if allow_microphone else "--deny-permission-prompts")
+    # Answer the permission prompt yes, or (to test the refusal) no.
+    args.append(
+        "--use-fake-ui-for-media-stream" if allow_microphone else "--deny-permission-prompts"
+    )
     return args
 
 

@@ -42,7 +42,9 @@ async def test_call_in_firefox(start_agent: AgentFactory) -> None:
         await page.wait_for(
             "/^\\d/.test(document.querySelector('#stats dd[data-stat=round-trip]').textContent)"
         )
-        codec = await page.evaluate("document.querySelector('#stats dd[data-stat=codec]').textContent")
+        codec = await page.evaluate(
+            "document.querySelector('#stats dd[data-stat=codec]').textContent"
+        )
         assert codec.startswith("opus")
         await page.click("#hangup")
         await page.wait_for("document.getElementById('status').textContent === 'Call ended.'")
