@@ -3,9 +3,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# System packages: Chromium for the browser tests, coturn for the TURN relay test.
+# System packages: Chromium and Firefox for the browser tests, coturn for the TURN relay test.
 missing=()
-for pkg in chromium coturn; do
+for pkg in chromium firefox-esr coturn; do
   dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
 done
 if [ "${#missing[@]}" -gt 0 ]; then
