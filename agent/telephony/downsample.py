@@ -6,14 +6,17 @@ import av
 import numpy as np
 
 from ..outbound import float_to_s16
+from ..sample_fifo import SampleFifo
 from .codec import PTIME
 
 
 class ChunkResampler:
     """One 20 ms chunk in, one 20 ms chunk out, with the filter state carried across chunks.
 
-    libswresample holds back a few samples of filter delay, so the first chunk would come
-    out short; priming with one chunk of silence makes every later chunk yield exactly one.
+    libswresample holds back its filter delay (a fraction of a millisecond), so the first
+    chunk comes out a little short. Rather than wait a whole chunk for it, the output starts
+    with that many zeros: the stream is then late by the filter delay only, and every later
+    chunk finds a full 20 ms ready (so a mark answered after a chunk really follows its audio).
     """
 
     def __init__(self, source_rate: int, target_rate: int) -> None:
@@ -21,18 +24,14 @@ class ChunkResampler:
         self.target_rate = target_rate
         self.source_samples = int(source_rate * PTIME)
         self.target_samples = int(target_rate * PTIME)
-        self._silence = np.zeros(self.target_samples, dtype=np.int16)
-        self._pending: list[np.ndarray] = []
+        self._fifo = SampleFifo(self.target_samples * 50)
         self._resampler = (
-            av.AudioResampler(
-                format="s16", layout="mono", rate=target_rate, frame_size=self.target_samples
-            )
+            av.AudioResampler(format="s16", layout="mono", rate=target_rate)
             if source_rate != target_rate
             else None
         )
-        if self._resampler is not None:
-            self._resample(np.zeros(self.source_samples, dtype=np.int16))
-            self._pending.clear()
+        self._started = False
+        self.short_chunks = 0  # chunks padded with zeros (should stay 0 after the first)
 
     def convert(self, samples: np.ndarray | None) -> np.ndarray:
         """`samples`: float32 mono, `source_samples` long, or None for silence."""
@@ -42,11 +41,26 @@ class ChunkResampler:
         )
         if self._resampler is None:
             return pcm
-        self._resample(pcm)
-        return self._pending.pop(0) if self._pending else self._silence
+        produced = self._resample(pcm)
+        if not self._started:
+            self._started = True
+            lead = self.target_samples - produced.size
+            if lead > 0:
+                self._fifo.push(np.zeros(lead, dtype=np.int16))
+        self._fifo.push(produced)
+        chunk = self._fifo.pop_available(self.target_samples)
+        if chunk is None or len(chunk) < self.target_samples:
+            self.short_chunks += 1
+            padded = np.zeros(self.target_samples, dtype=np.int16)
+            if chunk is not None:
+                padded[: len(chunk)] = chunk
+            return padded
+        return chunk
 
-    def _resample(self, pcm: np.ndarray) -> None:
+    def _resample(self, pcm: np.ndarray) -> np.ndarray:
         frame = av.AudioFrame.from_ndarray(pcm.reshape(1, -1), format="s16", layout="mono")
         frame.sample_rate = self.source_rate
-        for out in self._resampler.resample(frame):  # type: ignore[union-attr]
-            self._pending.append(out.to_ndarray().reshape(-1).copy())
+        parts = [out.to_ndarray().reshape(-1) for out in self._resampler.resample(frame)]  # type: ignore[union-attr]
+        if not parts:
+            return np.zeros(0, dtype=np.int16)
+        return np.concatenate(parts).astype(np.int16, copy=False)

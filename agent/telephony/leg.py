@@ -78,6 +78,7 @@ class TelephonyLeg:
         self.agent_chunks_out = 0  # chunks that carried agent audio (not underrun silence)
         self._tasks: set[asyncio.Task[Any]] = set()
         self._closing = False
+        self._close_task: asyncio.Task[None] | None = None
         agent.register_session(self)
 
     # -- lifecycle --------------------------------------------------------------------------
@@ -129,15 +130,17 @@ class TelephonyLeg:
                 return
 
     async def close(self, reason: str = "hangup") -> None:
-        if self._closing:
-            await self.closed.wait()
-            return
-        self._closing = True
-        self.end_reason = reason
-        current = asyncio.current_task()
+        """End the leg (idempotent). The teardown runs in its own task, so a caller that is
+        cancelled meanwhile (a websocket handler whose client vanished) cannot cut it short."""
+        if self._close_task is None:
+            self._closing = True
+            self.end_reason = reason
+            self._close_task = asyncio.ensure_future(self._teardown(reason))
+        await asyncio.shield(self._close_task)
+
+    async def _teardown(self, reason: str) -> None:
         for task in list(self._tasks):
-            if task is not current:
-                task.cancel()
+            task.cancel()
         try:
             if self.ticked is not None:
                 await self.ticker.close_session(self.ticked)
