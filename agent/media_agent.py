@@ -14,7 +14,12 @@ from aiortc import RTCConfiguration, RTCIceServer, RTCPeerConnection, RTCSession
 from .call import Call, CallSettings, new_call_id
 from .errors import CallError
 from .plugins.base import Plugin, PluginError, SessionConfig
-from .rtc_tuning import negotiated_codecs, restrict_codecs, set_audio_jitter_prefetch
+from .rtc_tuning import (
+    decode_audio_inline,
+    negotiated_codecs,
+    restrict_codecs,
+    set_audio_jitter_prefetch,
+)
 from .encoding import supports_inline
 from .sdp import check_offer_sdp
 from .ticker import Ticker
@@ -31,6 +36,7 @@ class AgentSettings:
     codecs: tuple[str, ...] = DEFAULT_CODECS
     max_calls: int = 0  # 0 = no limit beyond the plugin's own
     inline_encoding: bool = True
+    inline_decoding: bool = True
     call: CallSettings = field(default_factory=CallSettings)
 
 
@@ -132,6 +138,8 @@ class MediaAgent:
         for extra in audio[1:]:
             extra.direction = "inactive"
         set_audio_jitter_prefetch(main.receiver, self.settings.jitter_prefetch_packets)
+        if self.settings.inline_decoding:
+            decode_audio_inline(main.receiver)
         main.direction = "sendrecv"
         main.sender.replaceTrack(call.track)
         codec = negotiated_codecs(main)[0]

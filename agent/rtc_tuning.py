@@ -6,8 +6,13 @@ Kept in one place so an aiortc upgrade that renames these internals breaks one m
 from __future__ import annotations
 
 import logging
+import threading
+from typing import Any
+
+import av
 
 from aiortc import RTCRtpReceiver, RTCRtpTransceiver
+from aiortc.codecs import get_decoder
 from aiortc.jitterbuffer import JitterBuffer, JitterFrame
 from aiortc.rtp import RtpPacket
 from aiortc.utils import uint16_add
@@ -80,6 +85,54 @@ def parse_codec_list(text: str) -> tuple[str, ...]:
     if not names:
         raise ValueError("at least one audio codec is needed")
     return tuple(names)
+
+
+class InlineAudioDecoding:
+    """Stands in for aiortc's per-receiver decoder queue: decodes on the event loop.
+
+    aiortc hands every 20 ms packet to a decoder thread and back (a queue put, a thread
+    wake-up, a cross-thread coroutine hop); with a dozen calls those GIL hand-offs cost more
+    than the Opus decode itself (tens of microseconds). aiortc's decoder thread still starts
+    but just waits here until the receiver stops, then ends the track as usual.
+    """
+
+    def __init__(self, receiver: RTCRtpReceiver) -> None:
+        self._receiver = receiver
+        self._decoder: Any = None
+        self._codec_name: str | None = None
+        self._stopped = threading.Event()
+        self.decode_errors = 0
+
+    def put(self, item: tuple[RTCRtpCodecParameters, JitterFrame] | None) -> None:
+        if item is None:
+            self._stopped.set()
+            return
+        codec, encoded_frame = item
+        if codec.name != self._codec_name:
+            self._decoder = get_decoder(codec)
+            self._codec_name = codec.name
+        try:
+            frames = self._decoder.decode(encoded_frame)
+        except av.FFmpegError:
+            self.decode_errors += 1  # keep the decoder state, as aiortc does
+            return
+        queue = self._receiver._track._queue  # type: ignore[union-attr]
+        for frame in frames:
+            queue.put_nowait(frame)
+
+    def get(self) -> None:
+        self._stopped.wait()
+        return None
+
+
+def decode_audio_inline(receiver: RTCRtpReceiver) -> bool:
+    """Install `InlineAudioDecoding` on a receiver that has not started yet."""
+    attribute = "_RTCRtpReceiver__decoder_queue"
+    if not hasattr(receiver, attribute) or getattr(receiver, "_track", None) is None:
+        log.warning("aiortc internals changed: decoding stays on aiortc's thread")
+        return False
+    setattr(receiver, attribute, InlineAudioDecoding(receiver))
+    return True
 
 
 def negotiated_codecs(transceiver: RTCRtpTransceiver) -> list[RTCRtpCodecParameters]:

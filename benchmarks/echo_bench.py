@@ -1,6 +1,7 @@
 """Echo benchmarks: the agent (echo plugin) against a plain aiortc echo server, same run.
 
     python benchmarks/echo_bench.py delay      # round-trip delay of the test signal
+    python benchmarks/echo_bench.py cpu        # server CPU per call (load-independent)
     python benchmarks/echo_bench.py capacity   # concurrent real-time calls on one core
     python benchmarks/echo_bench.py all
 
@@ -51,6 +52,15 @@ def taskset(core: str) -> list[str]:
     return ["taskset", "-c", core] if os.cpu_count() and os.cpu_count() > 1 else []
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process, from /proc (clock ticks)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+SERVER_PIDS: list[int] = []
+
+
 @contextmanager
 def server(kind: str, extra: list[str] | None = None) -> Iterator[str]:
     port = free_port()
@@ -61,6 +71,7 @@ def server(kind: str, extra: list[str] | None = None) -> Iterator[str]:
         command = [sys.executable, "benchmarks/plain_aiortc_echo.py", "--port", str(port)]
     process = subprocess.Popen(taskset("0") + command, cwd=ROOT, stdout=subprocess.DEVNULL,
                                stderr=subprocess.DEVNULL)
+    SERVER_PIDS.append(process.pid)
     try:
         wait_for_port(port)
         yield f"http://127.0.0.1:{port}"
@@ -135,6 +146,26 @@ def bench_delay(runs: int, seconds: float) -> None:
               f"| {max(delays):.0f} | {statistics.mean(correlations):.3f} |", flush=True)
 
 
+def bench_cpu(codecs: list[str], calls: int, seconds: float) -> None:
+    """Server CPU per call: load-independent, unlike the pass/fail capacity levels."""
+    print(f"\n### Server CPU per call ({calls} concurrent calls, {seconds:g} s)\n")
+    print("| server | codec | % of one core per call | calls one core could carry |")
+    print("|---|---|---|---|")
+    for codec in codecs:
+        for kind, label in (("plain", "plain aiortc echo"), ("agent", "agent (echo plugin)")):
+            with server(kind) as url:
+                pid = SERVER_PIDS[-1]
+                time.sleep(1.0)
+                before = cpu_seconds(pid)
+                started = time.monotonic()
+                callers_subprocess(url, calls, seconds, codec, True)
+                used = cpu_seconds(pid) - before
+                wall = time.monotonic() - started
+            # Set-up and tear-down are inside the window too; they are part of a call's cost.
+            per_call = used / wall / calls * 100
+            print(f"| {label} | {codec} | {per_call:.1f} | {100 / per_call:.0f} |", flush=True)
+
+
 def bench_capacity(codecs: list[str], levels: list[int], seconds: float) -> None:
     print("\n### Concurrent real-time calls, server pinned to one core\n")
     print("| server | codec | calls | result | detail |")
@@ -168,6 +199,10 @@ def main() -> None:
     capacity.add_argument("--codecs", default="opus,pcmu")
     capacity.add_argument("--levels", default="2,4,6,8,10,12,15,18,21,24,28,32")
     capacity.add_argument("--seconds", type=float, default=10)
+    cpu = sub.add_parser("cpu")
+    cpu.add_argument("--codecs", default="opus,pcmu")
+    cpu.add_argument("--calls", type=int, default=6)
+    cpu.add_argument("--seconds", type=float, default=10)
     sub.add_parser("all")
     callers = sub.add_parser("callers")
     callers.add_argument("--url", required=True)
@@ -182,11 +217,14 @@ def main() -> None:
         print(json.dumps(reports))
     elif args.command == "delay":
         bench_delay(args.runs, args.seconds)
+    elif args.command == "cpu":
+        bench_cpu(args.codecs.split(","), args.calls, args.seconds)
     elif args.command == "capacity":
         bench_capacity(args.codecs.split(","), [int(n) for n in args.levels.split(",")],
                        args.seconds)
     else:
         bench_delay(5, 6)
+        bench_cpu(["opus", "pcmu"], 6, 10)
         bench_capacity(["opus", "pcmu"], [2, 4, 6, 8, 10, 12, 15, 18, 21, 24, 28, 32], 10)
 
 

@@ -105,6 +105,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    # aioice logs every candidate pair check at INFO: one line per call is enough here.
+    logging.getLogger("aioice").setLevel(max(logging.WARNING, logging.getLogger().level))
     try:
         plugin = load_plugin(args.plugin, plugin_options_from_args(args))
     except PluginError as exc:
