@@ -127,6 +127,8 @@ async def test_upstream_misbehaviour_ends_the_session_with_a_clear_error(
     after = [await driver.step(session, np.zeros(FRAME, np.float32)) for _ in range(3)]
     assert all(o.error is None and not o.end_call and not loud(o) for o in after)
     assert session.stats()["error"] == code
+    # One bad session (or a clean close) does not put the server itself in backoff.
+    assert driver.plugin.pool.upstreams[0].failures == 0
     await driver.close(session)
     await finish(driver, [fake])
 

@@ -211,10 +211,12 @@ class UpstreamLink(abc.ABC):
                     )
                 self.on_message(message, now)
             if not self._closing:
+                code = self.ws.close_code
+                # A normal close is the engine ending this session; anything else (going
+                # away, abort, 1006) says the server itself is in trouble.
                 self.fail(UpstreamError(
-                    "upstream_closed",
-                    f"the model server closed the connection (code {self.ws.close_code})",
-                    pool_effect="failed",
+                    "upstream_closed", f"the model server closed the connection (code {code})",
+                    pool_effect=None if code == 1000 else "failed",
                 ))
         except UpstreamError as exc:
             self.fail(exc)
