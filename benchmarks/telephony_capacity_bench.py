@@ -1,0 +1,378 @@
+"""Telephony capacity: concurrent real-time media-stream sessions and RTP legs on one core.
+
+    python benchmarks/telephony_capacity_bench.py                 # both kinds, default levels
+    python benchmarks/telephony_capacity_bench.py --kinds rtp --levels 20,40,80 --seconds 10
+
+The agent (echo plugin) runs pinned to core 0 (`taskset -c 0`); the bridge clients run in
+another process pinned to core 1. Each session streams the band-limited test signal as
+μ-law in real time (20 ms / 160 bytes per message or packet) and records what comes back.
+Same criterion as the WebRTC capacity benchmark: a level of N passes when every session
+opened, no gap between received packets after the first second exceeded 60 ms, and each
+session received >= 99% of what could come back: the agent's 20 ms chunks over the time it
+was sending, and >= 99% of the sent audio echoed back as audio (not silence). Also prints the
+server's CPU per session, which does not depend on the load of the other core. On a shared
+machine a neighbour's burst shows up as a gap: `--trials N` retries a failed level. Prints
+markdown tables.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Iterator
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+GAP_LIMIT_MS = 60.0
+RECEIVED_MIN = 0.99
+PACKET_SECONDS = 0.02
+CHUNK = 160
+LOUD_RMS = 500.0  # int16; the test signal is about 8000 RMS, silence 0
+TAIL_SECONDS = 0.6  # keep listening after the last chunk so its echo can come back
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def wait_for_port(port: int, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                return
+        except OSError:
+            time.sleep(0.1)
+    raise RuntimeError(f"server on port {port} did not start")
+
+
+def taskset(core: str) -> list[str]:
+    return ["taskset", "-c", core] if (os.cpu_count() or 1) > 1 else []
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+@contextmanager
+def agent_server() -> Iterator[tuple[str, int]]:
+    port = free_port()
+    command = taskset("0") + [
+        sys.executable, "-m", "signaling", "--port", str(port), "--log-level", "WARNING",
+        "--rtp-ports", "42000-43999", "--idle-timeout", "30",
+    ]
+    process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL)
+    try:
+        wait_for_port(port)
+        yield f"http://127.0.0.1:{port}", process.pid
+    finally:
+        process.send_signal(signal.SIGINT)
+        try:
+            process.wait(10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+
+
+# -- the client side (runs in its own process, on core 1) ----------------------------------
+
+
+@dataclass
+class SessionRecord:
+    opened: bool = False
+    error: str | None = None
+    sent_chunks: int = 0
+    sent_loud: int = 0
+    received: int = 0
+    received_loud: int = 0
+    arrivals: list[float] = field(default_factory=list)
+    first_sent_at: float | None = None
+    last_sent_at: float | None = None
+
+    def summary(self) -> dict[str, Any]:
+        if not self.arrivals:
+            return {"opened": self.opened, "error": self.error or "nothing received"}
+        # The first second (sessions still being set up) is left out of both measures.
+        start = self.arrivals[0] + 1.0
+        later = [t for t in self.arrivals if t >= start]
+        gaps = [b - a for a, b in zip(later, later[1:])]
+        window = later[-1] - later[0] + PACKET_SECONDS if later else PACKET_SECONDS
+        return {
+            "opened": self.opened, "error": self.error,
+            "chunk_ratio": len(later) / (window / PACKET_SECONDS),
+            "echo_ratio": self.received_loud / max(1, self.sent_loud),
+            "max_gap_ms": max(gaps, default=0.0) * 1000,
+        }
+
+
+def _is_loud(payload: bytes) -> bool:
+    import numpy as np
+
+    from agent.telephony.g711 import mulaw_decode
+
+    pcm = mulaw_decode(payload).astype(np.float32)
+    return float(np.sqrt(np.mean(pcm * pcm))) > LOUD_RMS
+
+
+def _payloads(seconds: float) -> list[bytes]:
+    import numpy as np
+
+    from agent.telephony.g711 import mulaw_encode
+    from agent.testsignal import make_test_signal
+
+    pcm = (make_test_signal(seconds, 8000) * 32767).astype(np.int16)
+    return [mulaw_encode(pcm[i:i + CHUNK]) for i in range(0, len(pcm) - CHUNK + 1, CHUNK)]
+
+
+async def _pace(payload_count: int, send_all: Any) -> None:
+    """One loop sends chunk i for every session at start + i * 20 ms (cheap for the client)."""
+    started = time.monotonic()
+    for index in range(payload_count):
+        await send_all(index)
+        delay = started + (index + 1) * PACKET_SECONDS - time.monotonic()
+        if delay > 0:
+            await asyncio.sleep(delay)
+
+
+async def run_media_stream_clients(url: str, count: int, seconds: float) -> list[dict[str, Any]]:
+    import aiohttp
+
+    payloads = _payloads(seconds)
+    loud = [_is_loud(p) for p in payloads]
+    media = [json.dumps({"event": "media", "streamSid": "MZbench", "media": {
+        "track": "inbound", "chunk": str(i + 1), "timestamp": str(i * 20),
+        "payload": base64.b64encode(p).decode("ascii")}}) for i, p in enumerate(payloads)]
+    records = [SessionRecord() for _ in range(count)]
+    sockets: list[Any] = [None] * count
+
+    # No connection limit: aiohttp's default of 100 would queue the 101st session forever.
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
+        async def read(index: int) -> None:
+            record, ws = records[index], sockets[index]
+            async for message in ws:
+                if message.type != aiohttp.WSMsgType.TEXT:
+                    continue
+                event = json.loads(message.data)
+                if event.get("event") == "media":
+                    record.received += 1
+                    record.arrivals.append(time.monotonic())
+                    if _is_loud(base64.b64decode(event["media"]["payload"])):
+                        record.received_loud += 1
+
+        async def open_one(index: int) -> None:
+            try:
+                ws = await http.ws_connect(url + "/v1/telephony/media-stream")
+                await ws.send_str(json.dumps({"event": "connected", "protocol": "Call"}))
+                await ws.send_str(json.dumps({"event": "start", "streamSid": "MZbench", "start": {
+                    "streamSid": "MZbench", "callSid": f"CA{index}",
+                    "mediaFormat": {"encoding": "audio/x-mulaw", "sampleRate": 8000,
+                                    "channels": 1}, "customParameters": {}}}))
+                sockets[index] = ws
+                records[index].opened = True
+            except Exception as exc:  # noqa: BLE001 - reported per session
+                records[index].error = repr(exc)
+
+        await asyncio.gather(*(open_one(i) for i in range(count)))
+        live = [i for i in range(count) if sockets[i] is not None]
+        readers = [asyncio.ensure_future(read(i)) for i in live]
+
+        async def send_all(chunk: int) -> None:
+            now = time.monotonic()
+            for i in live:
+                record = records[i]
+                try:
+                    await sockets[i].send_str(media[chunk])
+                except Exception as exc:  # noqa: BLE001
+                    record.error = record.error or repr(exc)
+                    continue
+                record.sent_chunks += 1
+                record.sent_loud += loud[chunk]
+                record.first_sent_at = record.first_sent_at or now
+                record.last_sent_at = now
+
+        await _pace(len(media), send_all)
+        await asyncio.sleep(TAIL_SECONDS)
+        stop = json.dumps({"event": "stop", "streamSid": "MZbench"})
+        await asyncio.gather(*(sockets[i].send_str(stop) for i in live), return_exceptions=True)
+        await asyncio.wait(readers, timeout=10)
+        for reader in readers:
+            reader.cancel()
+        await asyncio.wait([asyncio.ensure_future(sockets[i].close()) for i in live], timeout=10)
+    return [record.summary() for record in records]
+
+
+class _RtpClient(asyncio.DatagramProtocol):
+    def __init__(self, record: SessionRecord) -> None:
+        self.record = record
+        self.transport: asyncio.DatagramTransport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def datagram_received(self, data: bytes, addr: Any) -> None:
+        from aiortc.rtp import RtpPacket
+
+        packet = RtpPacket.parse(data)
+        self.record.received += 1
+        self.record.arrivals.append(time.monotonic())
+        if _is_loud(packet.payload):
+            self.record.received_loud += 1
+
+
+async def run_rtp_clients(url: str, count: int, seconds: float) -> list[dict[str, Any]]:
+    import aiohttp
+    from aiortc.rtp import RtpPacket
+
+    payloads = _payloads(seconds)
+    loud = [_is_loud(p) for p in payloads]
+    loop = asyncio.get_running_loop()
+    records = [SessionRecord() for _ in range(count)]
+    clients: list[_RtpClient] = []
+    for record in records:
+        _, client = await loop.create_datagram_endpoint(
+            lambda record=record: _RtpClient(record), local_addr=("127.0.0.1", 0))
+        clients.append(client)
+    destinations: list[tuple[str, int] | None] = [None] * count
+    call_ids: list[str | None] = [None] * count
+    # No connection limit: aiohttp's default of 100 would queue the 101st session forever.
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
+        async def open_one(index: int) -> None:
+            host, port = clients[index].transport.get_extra_info("sockname")[:2]  # type: ignore[union-attr]
+            try:
+                async with http.post(url + "/v1/telephony/rtp", json={
+                    "remote": f"{host}:{port}", "codec": "PCMU"}) as response:
+                    body = await response.json()
+                    if response.status != 201:
+                        records[index].error = str(body)
+                        return
+                local_host, local_port = body["local"].rsplit(":", 1)
+                destinations[index] = (local_host, int(local_port))
+                call_ids[index] = body["call_id"]
+                records[index].opened = True
+            except Exception as exc:  # noqa: BLE001
+                records[index].error = repr(exc)
+
+        await asyncio.gather(*(open_one(i) for i in range(count)))
+        live = [i for i in range(count) if destinations[i] is not None]
+        packets = [[RtpPacket(payload_type=0, sequence_number=n, timestamp=n * CHUNK,
+                              ssrc=1000 + i, payload=payload).serialize()
+                    for n, payload in enumerate(payloads)] for i in range(count)]
+
+        async def send_all(chunk: int) -> None:
+            now = time.monotonic()
+            for i in live:
+                clients[i].transport.sendto(packets[i][chunk], destinations[i])  # type: ignore[union-attr]
+                record = records[i]
+                record.sent_chunks += 1
+                record.sent_loud += loud[chunk]
+                record.first_sent_at = record.first_sent_at or now
+                record.last_sent_at = now
+
+        await _pace(len(payloads), send_all)
+        await asyncio.sleep(TAIL_SECONDS)
+        for i in live:
+            # The leg keeps sending until it is deleted: stop counting here.
+            clients[i].record = SessionRecord()  # type: ignore[assignment]
+
+        async def delete(call_id: str | None) -> None:
+            async with http.delete(f"{url}/v1/telephony/rtp/{call_id}"):
+                pass
+
+        await asyncio.wait([asyncio.ensure_future(delete(call_ids[i])) for i in live], timeout=20)
+    for client in clients:
+        client.transport.close()  # type: ignore[union-attr]
+    return [record.summary() for record in records]
+
+
+def clients_subprocess(kind: str, url: str, count: int, seconds: float) -> list[dict[str, Any]]:
+    command = taskset("1") + [sys.executable, __file__, "clients", "--kind", kind, "--url", url,
+                              "--n", str(count), "--seconds", str(seconds)]
+    try:
+        result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True,
+                                timeout=seconds * 3 + 90)
+    except subprocess.TimeoutExpired:
+        return [{"opened": False, "error": "the clients did not finish in time"}]
+    if result.returncode != 0:
+        raise RuntimeError(result.stderr[-2000:])
+    return json.loads(result.stdout)
+
+
+def level_passes(summaries: list[dict[str, Any]]) -> tuple[bool, str]:
+    failed = [s for s in summaries if not s.get("opened") or "chunk_ratio" not in s]
+    if failed:
+        return False, f"{len(failed)} sessions failed: {failed[0].get('error')}"
+    chunk_ratio = min(s["chunk_ratio"] for s in summaries)
+    echo_ratio = min(s["echo_ratio"] for s in summaries)
+    max_gap = max(s["max_gap_ms"] for s in summaries)
+    ok = chunk_ratio >= RECEIVED_MIN and echo_ratio >= RECEIVED_MIN and max_gap <= GAP_LIMIT_MS
+    return ok, (f"min chunks {chunk_ratio:.3f}, min echoed audio {echo_ratio:.3f}, "
+                f"max gap {max_gap:.0f} ms")
+
+
+def bench(kinds: list[str], levels: list[int], seconds: float, trials: int) -> None:
+    print(f"\n### Concurrent real-time telephony sessions, agent (echo plugin) pinned to one "
+          f"core, {seconds:g} s each\n")
+    print("| kind | sessions | result | server CPU % of a core per session | detail |")
+    print("|---|---|---|---|---|")
+    for kind in kinds:
+        best = 0
+        for count in levels:
+            for trial in range(1, trials + 1):
+                with agent_server() as (url, pid):
+                    before = cpu_seconds(pid)
+                    started = time.monotonic()
+                    summaries = clients_subprocess(kind, url, count, seconds)
+                    used = cpu_seconds(pid) - before
+                    per_session = used / (time.monotonic() - started) / count * 100
+                ok, detail = level_passes(summaries)
+                label = f"{count}" + (f" (try {trial})" if trials > 1 else "")
+                print(f"| {kind} | {label} | {'real time' if ok else 'FAILS'} "
+                      f"| {per_session:.2f} | {detail} |", flush=True)
+                if ok:
+                    break
+            if not ok:
+                break
+            best = count
+        print(f"| **{kind}** | **{best}** | **max real time** | | |", flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command")
+    clients = sub.add_parser("clients", help="internal: run the bridge clients")
+    clients.add_argument("--kind", choices=["media_stream", "rtp"], required=True)
+    clients.add_argument("--url", required=True)
+    clients.add_argument("--n", type=int, required=True)
+    clients.add_argument("--seconds", type=float, required=True)
+    parser.add_argument("--kinds", default="media_stream,rtp")
+    parser.add_argument("--levels", default="10,20,40,60,80,100,130,160,200")
+    parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--trials", type=int, default=1,
+                        help="tries per level before it counts as failed (the machine is shared)")
+    args = parser.parse_args()
+    if args.command == "clients":
+        runner = run_media_stream_clients if args.kind == "media_stream" else run_rtp_clients
+        print(json.dumps(asyncio.run(runner(args.url, args.n, args.seconds))))
+        return
+    bench(args.kinds.split(","), [int(n) for n in args.levels.split(",")], args.seconds,
+          max(1, args.trials))
+
+
+if __name__ == "__main__":
+    main()
