@@ -186,6 +186,7 @@ class MediaAgent:
             "capacity": self.capacity,
             "ticker": self.ticker.counters.to_dict(),
             "ticker_sessions": len(self.ticker.sessions),
+            "plugin_health": self.plugin.health(),
         }
 
     async def close(self) -> None:

@@ -210,6 +210,10 @@ class Plugin(abc.ABC):
     async def close(self) -> None:
         """Release what `start` acquired."""
 
+    def health(self) -> dict[str, Any]:
+        """Plugin-wide numbers for `/health` (event loop), e.g. a remote engine pool's state."""
+        return {}
+
     def check_extra_body(self, extra_body: Mapping[str, Any], allowed: frozenset[str]) -> None:
         """Refuse server-private keys first, then keys this plugin does not know."""
         for key in extra_body:

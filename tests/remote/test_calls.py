@@ -96,7 +96,11 @@ async def test_calls_spread_and_a_dying_upstream_ends_only_its_calls(
         else:
             assert report.ok and report.errors == [], report
             assert report.seconds_received > 4.0
-    health = plugin.health()["upstreams"][0]
+    async with aiohttp.ClientSession() as http:
+        async with http.get(f"{running.url}/health") as response:
+            upstreams = (await response.json())["plugin_health"]["upstreams"]
+    assert [u["url"] for u in upstreams] == [doomed.url, survivor.url]
+    health = upstreams[0]
     assert health["failures"] >= 1 and health["last_error"] == "upstream_closed"
     # The next call still gets through: the dead server is skipped or fails over.
     sessions_before = len(survivor.sessions)
