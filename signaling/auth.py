@@ -289,7 +289,7 @@ async def post_client_secret(request: web.Request) -> web.Response:
     if body.get("session") is not None:
         session = session_config_from_realtime(body["session"], param="session")
         # Refuse a config the plugin would refuse now, not when the browser calls.
-        await request.app[AGENT_KEY].plugin.prepare_runtime_config(session)
+        await request.app[AGENT_KEY].plugin.validate_session_config(session)
     store = request.app[SECRETS_KEY]
     store.prune(request.app[AGENT_KEY].calls)
     value, secret = store.mint(principal.tenant, ttl, session)

@@ -235,6 +235,13 @@ class Plugin(abc.ABC):
     async def prepare_runtime_config(self, session_config: SessionConfig) -> RuntimeConfig:
         """Validate a client's session config; raise PluginError with a code when refused."""
 
+    async def validate_session_config(self, session_config: SessionConfig) -> None:
+        """Refuse a config before any call exists (e.g. when a client secret is minted).
+
+        The default prepares a runtime config and drops it; a plugin whose preparation
+        reserves something (a remote engine session) overrides this to validate only."""
+        await self.prepare_runtime_config(session_config)
+
     def runtime_config_for_update(
         self, current: RuntimeConfig, update: SessionConfig
     ) -> RuntimeConfig:

@@ -234,7 +234,9 @@ async def test_client_extra_body_is_refused_before_any_engine_is_used(
     with pytest.raises(PluginError) as refused:
         await driver.open(SessionConfig(extra_body={"temperature": 2}))
     assert refused.value.code == "unknown_option"
-    assert fake.sessions == []
+    # Validating a config (minting a client secret) reserves no engine session either.
+    await driver.plugin.validate_session_config(SessionConfig(voice="NATF2.pt"))
+    assert fake.sessions == [] and driver.plugin.pool.upstreams[0].active == 0
     await finish(driver, [fake])
 
 

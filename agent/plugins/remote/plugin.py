@@ -36,7 +36,7 @@ log = logging.getLogger(__name__)
 LINK_TOKEN = "upstream_link"
 SAMPLE_RATE = 24000
 FRAME_SIZE = 1920
-CLAIM_TIMEOUT_SECONDS = 30.0
+CLAIM_TIMEOUT_SECONDS = 10.0
 
 
 class RemoteSession(PluginSession):
@@ -118,8 +118,13 @@ class RemotePlugin(Plugin):
 
     # -- event loop -------------------------------------------------------------------------
 
-    async def prepare_runtime_config(self, session_config: SessionConfig) -> RuntimeConfig:
+    async def validate_session_config(self, session_config: SessionConfig) -> None:
+        # Only the engine can judge a voice or persona; opening a session here would hold an
+        # engine seat for a call that may never come.
         self.check_extra_body(session_config.extra_body, frozenset())
+
+    async def prepare_runtime_config(self, session_config: SessionConfig) -> RuntimeConfig:
+        await self.validate_session_config(session_config)
         request = LinkRequest(
             voice=session_config.voice or self.voice,
             instructions=session_config.instructions,
