@@ -13,7 +13,10 @@ async def get_health(request: web.Request) -> web.Response:
 
 async def get_calls(request: web.Request) -> web.Response:
     agent = request.app[AGENT_KEY]
-    return web.json_response({"calls": [call.stats() for call in agent.calls.values()]})
+    calls = [call.stats() for call in agent.calls.values()]
+    # Telephony legs (media-stream websockets, RTP) hold call slots too.
+    calls += [session.stats() for session in agent.sessions.values()]
+    return web.json_response({"calls": calls})
 
 
 def add_routes(app: web.Application) -> None:

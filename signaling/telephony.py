@@ -2,7 +2,9 @@
 
 - `GET /v1/telephony/media-stream` (path configurable): a Twilio-style media-stream
   websocket; the protocol lives in `agent.telephony.media_stream`. Bridges often cannot
-  set headers, so this path also takes the API key as `?token=KEY`.
+  set headers, so this path also takes the API key as `?token=KEY`, or as a last path
+  segment, `/v1/telephony/media-stream/KEY`, for bridges whose stream URL cannot carry a
+  query string (Twilio's `<Stream url>`).
 - `POST /v1/telephony/rtp` `{"remote": "HOST:PORT" (optional: latch to the first sender),
   "codec": "PCMU"|"PCMA"|"L16/16000", "session": {...}}` → 201 `{"call_id", "local",
   "codec", ...}`; `GET`/`DELETE /v1/telephony/rtp/{call_id}`.
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from aiohttp import WSMsgType, web
@@ -46,11 +49,22 @@ TELEPHONY_KEY = web.AppKey("telephony", TelephonyConfig)
 # -- auth seam: a query-string token becomes the Bearer header the auth middleware reads ----
 
 
-def query_token_middleware(paths: frozenset[str]) -> web.middleware:
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def url_token(request: web.Request, path: str) -> str | None:
+    if request.path == path:
+        return request.query.get(QUERY_TOKEN) or None
+    if request.path.startswith(path + "/"):
+        return request.match_info.get("token") or None
+    return None
+
+
+def url_token_middleware(path: str) -> Callable[..., Awaitable[web.StreamResponse]]:
     @web.middleware
-    async def middleware(request: web.Request, handler):  # type: ignore[no-untyped-def]
-        token = request.query.get(QUERY_TOKEN)
-        if token and request.path in paths and "Authorization" not in request.headers:
+    async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+        token = url_token(request, path)
+        if token and "Authorization" not in request.headers:
             request = request.clone(headers={**request.headers,
                                              "Authorization": f"Bearer {token}"})
         return await handler(request)
@@ -126,8 +140,9 @@ def add_routes(app: web.Application, config: TelephonyConfig | None = None) -> N
     config = config or TelephonyConfig()
     app[TELEPHONY_KEY] = config
     # Outermost, so the token is in place before any auth middleware looks for it.
-    app.middlewares.insert(0, query_token_middleware(frozenset({config.media_stream_path})))
+    app.middlewares.insert(0, url_token_middleware(config.media_stream_path))
     app.router.add_get(config.media_stream_path, media_stream)
+    app.router.add_get(config.media_stream_path + "/{token}", media_stream)
     app.router.add_post(RTP_PATH, post_rtp)
     app.router.add_get(RTP_PATH + "/{call_id}", get_rtp)
     app.router.add_delete(RTP_PATH + "/{call_id}", delete_rtp)

@@ -181,6 +181,8 @@ async def test_stream_echoes_paced_mulaw_through_malformed_messages_and_dtmf(
         events = [event["type"] for event in session.events]
         health = running.agent.health()
         stats = session.stats()
+        async with http.get(running.url + "/metrics/calls") as response:
+            listed = (await response.json())["calls"]
         await bridge.send({"event": "stop", "streamSid": bridge.stream_sid})
         await bridge.finished()
     assert len(MALFORMED) == 20
@@ -202,6 +204,7 @@ async def test_stream_echoes_paced_mulaw_through_malformed_messages_and_dtmf(
             if e["type"] == "input_audio_buffer.dtmf_event_received"] == ["7", "#"]
     assert plugin.digits == ["7", "#"]
     assert health["active_calls"] == 1 and health["other_sessions"] == 1
+    assert [(c["kind"], c["stream_sid"]) for c in listed] == [("media_stream", bridge.stream_sid)]
     await wait_until(lambda: not running.agent.sessions and not running.agent.ticker.sessions)
     assert session.end_reason == "stop"
 
@@ -330,6 +333,13 @@ async def test_query_token_authenticates_the_socket(start_agent: AgentFactory) -
         await wait_until(lambda: any(s.ticked for s in running.agent.sessions.values()))
         await bridge.socket.close()
         bridge = await connect(http, running, headers={"Authorization": "Bearer sk-telephony"})
+        await bridge.open()
+        await wait_until(lambda: any(s.ticked for s in running.agent.sessions.values()))
+        await bridge.socket.close()
+        # Twilio's <Stream url> takes no query string: the key can be the last path segment.
+        async with http.get(running.url + PATH + "/wrong") as response:
+            assert response.status == 401
+        bridge = await connect(http, running, PATH + "/sk-telephony")
         await bridge.open()
         await wait_until(lambda: any(s.ticked for s in running.agent.sessions.values()))
         await bridge.socket.close()
