@@ -79,6 +79,40 @@ async def measure(plugin: Plugin, calls: int, seconds: float) -> dict[str, Any]:
             "in_hold": mean(in_hold), "out_hold": mean(out_hold), "added": mean(added)}
 
 
+async def codec_cost() -> None:
+    """Ticker-thread time per call per 80 ms frame spent encoding input and decoding output."""
+    import base64
+    import time
+
+    import numpy as np
+    import sphn
+
+    from agent.plugins.remote.link import LinkSettings
+    from agent.plugins.remote.moshi_server import MoshiLink
+    from agent.plugins.remote.pool import UpstreamPool
+    from agent.plugins.remote.vllm_omni import VllmOmniLink
+
+    pool = UpstreamPool(["ws://unused"])
+    rng = np.random.default_rng(0)
+    frames = [(0.1 * rng.standard_normal(1920)).astype(np.float32) for _ in range(250)]
+    writer = sphn.OpusStreamWriter(24000)
+    inputs = {
+        "vllm-omni": (VllmOmniLink, [base64.b64encode((f * 32767).astype("<i2").tobytes())
+                                     .decode() for f in frames]),
+        "moshi-server": (MoshiLink, [writer.append_pcm(f) for f in frames]),
+    }
+    print("\n| plugin | encode + decode per call per 80 ms frame (ticker thread) |")
+    print("|---|---|")
+    for name, (link_class, payloads) in inputs.items():
+        link = link_class(pool.acquire(), LinkSettings(), 24000, 1920)
+        started = time.perf_counter()
+        for frame, payload in zip(frames, payloads):
+            link.encode_input(frame)
+            link.decode_audio(payload)
+        per_frame = (time.perf_counter() - started) / len(frames) * 1000
+        print(f"| {name} | {per_frame:.3f} ms |")
+
+
 async def main_async(calls: int, seconds: float) -> None:
     limit_host_addresses(["127.0.0.1"])
     vllm, moshi = await FakeVllmOmni().start(), await FakeMoshi().start()
@@ -99,6 +133,7 @@ async def main_async(calls: int, seconds: float) -> None:
     finally:
         await vllm.close()
         await moshi.close()
+    await codec_cost()
 
 
 def main() -> None:
