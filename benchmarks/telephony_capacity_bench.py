@@ -252,7 +252,9 @@ async def run_rtp_clients(url: str, count: int, seconds: float) -> list[dict[str
     # No connection limit: aiohttp's default of 100 would queue the 101st session forever.
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
         async def open_one(index: int) -> None:
-            host, port = clients[index].transport.get_extra_info("sockname")[:2]  # type: ignore[union-attr]
+            transport = clients[index].transport
+            assert transport is not None
+            host, port = transport.get_extra_info("sockname")[:2]
             try:
                 async with http.post(url + "/v1/telephony/rtp", json={
                     "remote": f"{host}:{port}", "codec": "PCMU"}) as response:
@@ -276,7 +278,8 @@ async def run_rtp_clients(url: str, count: int, seconds: float) -> list[dict[str
         async def send_all(chunk: int) -> None:
             now = time.monotonic()
             for i in live:
-                clients[i].transport.sendto(packets[i][chunk], destinations[i])  # type: ignore[union-attr]
+                clients[i].transport.sendto(  # type: ignore[union-attr]
+                    packets[i][chunk], destinations[i])
                 record = records[i]
                 record.sent_chunks += 1
                 record.sent_loud += loud[chunk]

@@ -167,7 +167,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--media-stream-path", default=DEFAULT_MEDIA_STREAM_PATH,
                        help=f"websocket path for bridges (default {DEFAULT_MEDIA_STREAM_PATH})")
     group.add_argument("--rtp-bind", default="127.0.0.1", metavar="ADDR",
-                       help="address RTP legs bind (default 127.0.0.1; 0.0.0.0 for a PBX elsewhere)")
+                       help="address RTP legs bind (default 127.0.0.1; 0.0.0.0 for a PBX "
+                       "on another host)")
     group.add_argument("--rtp-advertise", default=None, metavar="ADDR",
                        help="address returned as 'local' (default: --rtp-bind)")
     group.add_argument("--rtp-ports", type=_port_range, default=(40000, 40999), metavar="MIN-MAX",
@@ -177,7 +178,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def config_from_args(args: argparse.Namespace) -> TelephonyConfig:
-    path = args.media_stream_path if args.media_stream_path.startswith("/") else "/" + args.media_stream_path
+    path = "/" + args.media_stream_path.lstrip("/")
     advertised = args.rtp_advertise
     if advertised is None and args.rtp_bind in ("0.0.0.0", "::"):
         log.warning("--rtp-bind %s without --rtp-advertise: 'local' will not be reachable; "

@@ -60,7 +60,8 @@ class ChunkResampler:
     def _resample(self, pcm: np.ndarray) -> np.ndarray:
         frame = av.AudioFrame.from_ndarray(pcm.reshape(1, -1), format="s16", layout="mono")
         frame.sample_rate = self.source_rate
-        parts = [out.to_ndarray().reshape(-1) for out in self._resampler.resample(frame)]  # type: ignore[union-attr]
+        assert self._resampler is not None
+        parts = [out.to_ndarray().reshape(-1) for out in self._resampler.resample(frame)]
         if not parts:
             return np.zeros(0, dtype=np.int16)
         return np.concatenate(parts).astype(np.int16, copy=False)

@@ -125,7 +125,8 @@ class TelephonyLeg:
             if now - (self.last_inbound_at or self.media_started_at) > settings.idle_timeout:
                 await self.close("idle_timeout")
                 return
-            if settings.max_call_seconds and now - self.media_started_at > settings.max_call_seconds:
+            limit = settings.max_call_seconds
+            if limit and now - self.media_started_at > limit:
                 await self.close("max_call_seconds")
                 return
 

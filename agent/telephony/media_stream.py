@@ -85,6 +85,9 @@ class MediaStreamSession(TelephonyLeg):
             self.malformed_messages += 1
             log.error("media stream %s: %s: %s", self.id, exc.code, exc.message)
             await self._send_error(exc.code, exc.message)
+        except Exception:  # a bug here must not cost the caller the call
+            log.exception("media stream %s: message handling failed", self.id)
+            await self._send_error("server_error", "the message could not be handled")
 
     async def _dispatch(self, message: dict[str, Any]) -> None:
         event = message["event"]
@@ -148,7 +151,8 @@ class MediaStreamSession(TelephonyLeg):
         if not isinstance(payload, str):
             raise ProtocolError("invalid_payload", "'media.payload' must be a base64 string")
         if len(payload) > MAX_MEDIA_BYTES * 4 // 3 + 4:
-            raise ProtocolError("payload_too_large", f"'media.payload' is over {MAX_MEDIA_BYTES} bytes")
+            raise ProtocolError("payload_too_large",
+                                f"'media.payload' is over {MAX_MEDIA_BYTES} bytes")
         try:
             audio = base64.b64decode(payload, validate=True)
         except (binascii.Error, ValueError):
@@ -158,7 +162,8 @@ class MediaStreamSession(TelephonyLeg):
     def _on_mark(self, message: dict[str, Any]) -> None:
         name = _object_field(message, "mark").get("name")
         if not isinstance(name, str) or len(name) > MAX_NAME_CHARS:
-            raise ProtocolError("invalid_mark", f"'mark.name' must be a string of at most {MAX_NAME_CHARS} characters")
+            raise ProtocolError(
+                "invalid_mark", f"'mark.name' must be a string of at most {MAX_NAME_CHARS} chars")
         if not self.started:
             raise ProtocolError("not_started", "'mark' before 'start'")
         if not self.marks.add(name, self.queued_samples):
@@ -220,7 +225,8 @@ def parse_message(raw: str | bytes) -> dict[str, Any]:
     if isinstance(raw, bytes):
         raise ProtocolError("binary_message", "messages must be JSON text, not binary")
     if len(raw) > MAX_MESSAGE_BYTES:
-        raise ProtocolError("message_too_large", f"messages are limited to {MAX_MESSAGE_BYTES} bytes")
+        raise ProtocolError("message_too_large",
+                            f"messages are limited to {MAX_MESSAGE_BYTES} bytes")
     try:
         message = json.loads(raw)
     except json.JSONDecodeError as exc:
@@ -262,7 +268,8 @@ def session_config_from_parameters(parameters: dict[str, Any]) -> SessionConfig:
         try:
             extra_body = json.loads(extra_body)
         except json.JSONDecodeError:
-            raise PluginError("invalid_session", "customParameters.extra_body must be a JSON object",
+            raise PluginError("invalid_session",
+                              "customParameters.extra_body must be a JSON object",
                               param="customParameters.extra_body") from None
     return SessionConfig.from_json(
         {"voice": parameters.get("voice"), "instructions": instructions,

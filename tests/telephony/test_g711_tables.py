@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import av
 import numpy as np
 import pytest
@@ -40,13 +42,17 @@ CASES = [
 
 
 @pytest.mark.parametrize(("ffmpeg_name", "encode", "decode"), CASES)
-def test_decode_matches_ffmpeg_for_every_code(ffmpeg_name, encode, decode) -> None:  # type: ignore[no-untyped-def]
+def test_decode_matches_ffmpeg_for_every_code(
+    ffmpeg_name: str, encode: Callable[[np.ndarray], bytes], decode: Callable[[bytes], np.ndarray],
+) -> None:
     every_code = bytes(range(256))
     assert np.array_equal(decode(every_code), _ffmpeg_decode(ffmpeg_name, every_code))
 
 
 @pytest.mark.parametrize(("ffmpeg_name", "encode", "decode"), CASES)
-def test_encode_picks_the_nearest_level(ffmpeg_name, encode, decode) -> None:  # type: ignore[no-untyped-def]
+def test_encode_picks_the_nearest_level(
+    ffmpeg_name: str, encode: Callable[[np.ndarray], bytes], decode: Callable[[bytes], np.ndarray],
+) -> None:
     ours = decode(encode(ALL_SAMPLES)).astype(np.int32)
     theirs = decode(_ffmpeg_encode(ffmpeg_name, ALL_SAMPLES)).astype(np.int32)
     error_ours = np.abs(ours - ALL_SAMPLES)

@@ -168,8 +168,10 @@ async def test_stream_echoes_paced_mulaw_through_malformed_messages_and_dtmf(
     running = await start_agent(plugin)
     sent = speech_like(5.0)
     extra: dict[int, list[Any]] = {10 + 10 * i: [message] for i, message in enumerate(MALFORMED)}
-    extra[125] = [{"event": "dtmf", "streamSid": "x", "dtmf": {"track": "inbound_track", "digit": "7"}}]
-    extra[126] = [{"event": "dtmf", "streamSid": "x", "dtmf": {"track": "inbound_track", "digit": "#"}}]
+    bridge_sid = Bridge.stream_sid
+    for chunk, digit in ((125, "7"), (126, "#")):
+        extra[chunk] = [{"event": "dtmf", "streamSid": bridge_sid,
+                         "dtmf": {"track": "inbound_track", "digit": digit}}]
     async with aiohttp.ClientSession() as http:
         bridge = await connect(http, running)
         await bridge.open({"voice": "any", "instructions": "be brief"})
