@@ -263,10 +263,14 @@ async def run_call(
     tasks: list[asyncio.Task[None]] = []
     transcript: list[str] = []
 
+    ended = asyncio.Event()  # the call ended from the other side before its time was up
+
     @pc.on("connectionstatechange")
     def on_state() -> None:
         if pc.connectionState == "connected":
             connected.set()
+        elif pc.connectionState in ("failed", "closed"):
+            ended.set()
 
     @pc.on("track")
     def on_track(track: MediaStreamTrack) -> None:
@@ -275,6 +279,7 @@ async def run_call(
                 try:
                     recording.add(await track.recv())
                 except MediaStreamError:
+                    ended.set()
                     return
         tasks.append(asyncio.ensure_future(record()))
 
@@ -310,9 +315,12 @@ async def run_call(
             codecs = getattr(transceiver, "_codecs", [])
             if codecs:
                 report.codec = codecs[0].mimeType.split("/")[-1]
-        await asyncio.sleep(seconds)
-        if pc.connectionState != "connected":
-            report.error = f"connection {pc.connectionState} during the call"
+        try:
+            await asyncio.wait_for(ended.wait(), seconds)
+            report.error = f"the call ended early (connection {pc.connectionState})"
+        except asyncio.TimeoutError:
+            if pc.connectionState != "connected":
+                report.error = f"connection {pc.connectionState} during the call"
     except asyncio.TimeoutError:
         report.error = f"not connected within {connect_timeout:g} s"
     except Exception as exc:
