@@ -8,7 +8,7 @@
 Servers run pinned to core 0 (`taskset -c 0`), callers in another process on core 1. A level
 of N concurrent calls passes when every call connected, no received-audio gap after the first
 second exceeded 60 ms, and each call received >= 99% of what could come back (the seconds it
-sent minus the echo delay). Prints markdown tables.
+sent minus the echo delay); a failing level is tried once more. Prints markdown tables.
 """
 
 from __future__ import annotations
@@ -177,9 +177,15 @@ def bench_capacity(codecs: list[str], levels: list[int], seconds: float) -> None
                 delay = callers_subprocess(url, 1, 4, codec, False)[0]["delay_ms"] or 300
             best = 0
             for count in levels:
-                with server(kind) as url:
-                    reports = callers_subprocess(url, count, seconds, codec, True)
-                ok, detail = level_passes(reports, delay / 1000)
+                # A shared 2-core machine stalls now and then; a level gets a second try so
+                # one stray 70 ms hiccup does not decide it. Both tries are printed.
+                for attempt in (1, 2):
+                    with server(kind) as url:
+                        reports = callers_subprocess(url, count, seconds, codec, True)
+                    ok, detail = level_passes(reports, delay / 1000)
+                    if ok or attempt == 2:
+                        break
+                    print(f"| {label} | {codec} | {count} | (retry) | {detail} |", flush=True)
                 print(f"| {label} | {codec} | {count} | {'real time' if ok else 'FAILS'} "
                       f"| {detail} |", flush=True)
                 if not ok:
