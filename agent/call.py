@@ -28,6 +28,7 @@ from .outbound import AgentAudioTrack
 from .playout import PlayoutBuffer
 from .realtime_session import session_config_from_realtime
 from .plugins.base import Plugin, PluginError, SessionConfig, StepOutput
+from .task_owner import TaskOwner
 from .ticker import TickedSession, Ticker
 
 log = logging.getLogger(__name__)
@@ -78,7 +79,7 @@ class Call:
         self.end_reason: str | None = None
         self.codec: str | None = None
         self.closed = asyncio.Event()
-        self._tasks: set[asyncio.Task[Any]] = set()
+        self.tasks = TaskOwner(call_id)
         self._on_closed = on_closed
         self._closing = False
         self._speaking = False
@@ -91,11 +92,7 @@ class Call:
 
     def spawn(self, coro: Awaitable[Any], name: str) -> asyncio.Task[Any]:
         """Start a task this call owns: it is cancelled when the call closes."""
-        task = asyncio.ensure_future(coro)
-        task.set_name(f"{self.id}:{name}")
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-        return task
+        return self.tasks.spawn(coro, name)
 
     def start_watchdog(self) -> None:
         self.spawn(self._watchdog(), "watchdog")
@@ -144,10 +141,7 @@ class Call:
             return
         self._closing = True
         self.end_reason = reason
-        current = asyncio.current_task()
-        for task in list(self._tasks):
-            if task is not current:
-                task.cancel()
+        self.tasks.cancel_all()
         if self.ticked is not None:
             await self.ticker.close_session(self.ticked)
         self.track.stop()

@@ -35,6 +35,7 @@ from .testsignal import make_test_signal, measure_echo
 PEER_RATE = 48000
 CHUNK = PEER_RATE // 50
 GAP_SECONDS = 0.06
+LOUD_RMS_S16 = 300.0  # the test signal is about 8000 RMS; silence and codec noise far below
 
 
 class SignalTrack(MediaStreamTrack):
@@ -116,6 +117,7 @@ class Recording:
     first_at: float | None = None
     keep_audio: bool = True  # False: count samples only (cheap, for load generation)
     counted_samples: int = 0
+    loud: list[bool] = field(default_factory=list)  # per frame, in count-only mode
     resampler: av.AudioResampler = field(
         default_factory=lambda: av.AudioResampler(format="flt", layout="mono", rate=PEER_RATE)
     )
@@ -127,6 +129,8 @@ class Recording:
         self.arrivals.append(now)
         if not self.keep_audio:
             self.counted_samples += frame.samples * PEER_RATE // frame.sample_rate
+            pcm = frame.to_ndarray().astype(np.float32)
+            self.loud.append(float(np.sqrt(np.mean(pcm * pcm))) > LOUD_RMS_S16)
             return
         frame.pts = None
         for out in self.resampler.resample(frame):
@@ -141,6 +145,20 @@ class Recording:
         if not self.chunks:
             return np.zeros(0, dtype=np.float32)
         return np.concatenate(self.chunks).astype(np.float32)
+
+    def loud_fraction(self) -> float | None:
+        """Of the frames between the first and the last loud one, the share that was loud.
+
+        A caller playing a continuous signal into an echo should get it back without silent
+        holes; a server that falls behind and fills with silence shows up here even when its
+        packets keep arriving on time.
+        """
+        if True not in self.loud:
+            return None
+        first = self.loud.index(True)
+        last = len(self.loud) - 1 - self.loud[::-1].index(True)
+        span = self.loud[first : last + 1]
+        return sum(span) / len(span)
 
     def gaps(self, skip_seconds: float = 1.0) -> list[float]:
         if not self.arrivals:
@@ -165,6 +183,7 @@ class CallReport:
     lag_spread_ms: float | None = None
     gaps: int = 0
     max_gap_ms: float = 0.0
+    loud_fraction: float | None = None  # count-only calls: share of the echo that was audio
     events: list[str] = field(default_factory=list)
     transcript: str = ""
     errors: list[dict[str, Any]] = field(default_factory=list)  # `error` events' bodies
@@ -336,6 +355,7 @@ async def run_call(
     received = recording.samples()
     report.seconds_sent = round(source.position / PEER_RATE, 3)
     report.seconds_received = round(recording.seconds, 3)
+    report.loud_fraction = recording.loud_fraction()
     gaps = recording.gaps()
     report.gaps = len(gaps)
     report.max_gap_ms = round(max(gaps, default=0.0) * 1000, 1)

@@ -7,8 +7,10 @@
 
 Servers run pinned to core 0 (`taskset -c 0`), callers in another process on core 1. A level
 of N concurrent calls passes when every call connected, no received-audio gap after the first
-second exceeded 60 ms, and each call received >= 99% of what could come back (the seconds it
-sent minus the echo delay); a failing level is tried once more. Prints markdown tables.
+second exceeded 60 ms, each call received >= 99% of what could come back (the seconds it
+sent minus the echo delay), and >= 99% of the 20 ms frames of the echo carried the signal
+(not silence filled in by a server that fell behind); a failing level is tried once more.
+Prints markdown tables.
 """
 
 from __future__ import annotations
@@ -16,46 +18,17 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
 import time
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any, Iterator
 
-ROOT = Path(__file__).resolve().parent.parent
+from harness import ROOT, cpu_seconds, free_port, taskset, wait_for_port
+
 GAP_LIMIT_MS = 60.0
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def wait_for_port(port: int, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-                return
-        except OSError:
-            time.sleep(0.1)
-    raise RuntimeError(f"server on port {port} did not start")
-
-
-def taskset(core: str) -> list[str]:
-    return ["taskset", "-c", core] if os.cpu_count() and os.cpu_count() > 1 else []
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of a process, from /proc (clock ticks)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 SERVER_PIDS: list[int] = []
@@ -119,14 +92,19 @@ def callers_subprocess(url: str, count: int, seconds: float, codec: str,
 def level_passes(reports: list[dict[str, Any]], delay_s: float) -> tuple[bool, str]:
     worst_ratio = 1.0
     worst_gap = 0.0
+    worst_loud = 1.0
     for report in reports:
         if not report["connected"] or report["error"]:
             return False, f"call failed: {report['error']}"
         possible = max(0.1, report["seconds_sent"] - delay_s)
         worst_ratio = min(worst_ratio, report["seconds_received"] / possible)
         worst_gap = max(worst_gap, report["max_gap_ms"])
-    ok = worst_ratio >= 0.99 and worst_gap <= GAP_LIMIT_MS
-    return ok, f"min received {worst_ratio:.3f}, max gap {worst_gap:.0f} ms"
+        # Packets arriving on time are not enough (the agent's pacer sends silence when it
+        # has nothing): the echoed signal itself must come back without holes.
+        worst_loud = min(worst_loud, report["loud_fraction"] or 0.0)
+    ok = worst_ratio >= 0.99 and worst_gap <= GAP_LIMIT_MS and worst_loud >= 0.99
+    return ok, (f"min received {worst_ratio:.3f}, max gap {worst_gap:.0f} ms, "
+                f"min echoed {worst_loud:.3f}")
 
 
 def measure_delay(kind: str, runs: int, seconds: float) -> list[dict[str, Any]]:

@@ -21,18 +21,16 @@ import argparse
 import asyncio
 import base64
 import json
-import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
+from dataclasses import dataclass, field
 from typing import Any, Iterator
 
-ROOT = Path(__file__).resolve().parent.parent
+from harness import ROOT, cpu_seconds, free_port, taskset, wait_for_port
+
 sys.path.insert(0, str(ROOT))
 
 GAP_LIMIT_MS = 60.0
@@ -41,32 +39,6 @@ PACKET_SECONDS = 0.02
 CHUNK = 160
 LOUD_RMS = 500.0  # int16; the test signal is about 8000 RMS, silence 0
 TAIL_SECONDS = 0.6  # keep listening after the last chunk so its echo can come back
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def wait_for_port(port: int, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-                return
-        except OSError:
-            time.sleep(0.1)
-    raise RuntimeError(f"server on port {port} did not start")
-
-
-def taskset(core: str) -> list[str]:
-    return ["taskset", "-c", core] if (os.cpu_count() or 1) > 1 else []
-
-
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 @contextmanager

@@ -24,6 +24,7 @@ import numpy as np
 from ..call import CallSettings
 from ..clock import MonotonicClock
 from ..events import error_event, error_event_from, server_event
+from ..task_owner import TaskOwner
 from ..framing import FrameAssembler, chunk_size
 from ..pacer import Pacer
 from ..playout import PlayoutBuffer
@@ -76,7 +77,7 @@ class TelephonyLeg:
         self.chunks_in = 0
         self.chunks_out = 0
         self.agent_chunks_out = 0  # chunks that carried agent audio (not underrun silence)
-        self._tasks: set[asyncio.Task[Any]] = set()
+        self.tasks = TaskOwner(self.id)
         self._closing = False
         self._close_task: asyncio.Task[None] | None = None
         agent.register_session(self)
@@ -85,11 +86,7 @@ class TelephonyLeg:
 
     def spawn(self, coro: Awaitable[Any], name: str) -> asyncio.Task[Any]:
         """Start a task this leg owns: it is cancelled when the leg closes."""
-        task = asyncio.ensure_future(coro)
-        task.set_name(f"{self.id}:{name}")
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-        return task
+        return self.tasks.spawn(coro, name)
 
     async def open_session(self, session_config: SessionConfig) -> RuntimeConfig:
         """Validate the config with the plugin and take a ticker seat (PluginError if refused)."""
@@ -140,8 +137,7 @@ class TelephonyLeg:
         await asyncio.shield(self._close_task)
 
     async def _teardown(self, reason: str) -> None:
-        for task in list(self._tasks):
-            task.cancel()
+        self.tasks.cancel_all()
         try:
             if self.ticked is not None:
                 await self.ticker.close_session(self.ticked)
