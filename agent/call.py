@@ -82,6 +82,7 @@ class Call:
         self.tasks = TaskOwner(call_id)
         self._on_closed = on_closed
         self._closing = False
+        self._close_task: asyncio.Task[None] | None = None
         self._speaking = False
         self._silent_frames = 0
         self._transcript: list[str] = []
@@ -136,11 +137,15 @@ class Call:
             self.spawn(self.close(f"connection_{state}"), "close")
 
     async def close(self, reason: str = "hangup") -> None:
-        if self._closing:
-            await self.closed.wait()
-            return
-        self._closing = True
-        self.end_reason = reason
+        """End the call (idempotent). The teardown runs in its own task, so a caller that is
+        cancelled meanwhile (an HTTP handler, one of the call's own tasks) cannot cut it short."""
+        if self._close_task is None:
+            self._closing = True
+            self.end_reason = reason
+            self._close_task = asyncio.ensure_future(self._teardown())
+        await asyncio.shield(self._close_task)
+
+    async def _teardown(self) -> None:
         self.tasks.cancel_all()
         if self.ticked is not None:
             await self.ticker.close_session(self.ticked)
