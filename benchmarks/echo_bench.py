@@ -107,8 +107,9 @@ def level_passes(reports: list[dict[str, Any]], delay_s: float) -> tuple[bool, s
                 f"min echoed {worst_loud:.3f}")
 
 
-def measure_delay(kind: str, runs: int, seconds: float) -> list[dict[str, Any]]:
-    with server(kind) as url:
+def measure_delay(kind: str, runs: int, seconds: float,
+                  extra: list[str] | None = None) -> list[dict[str, Any]]:
+    with server(kind, extra) as url:
         return [callers_subprocess(url, 1, seconds, "opus", False)[0] for _ in range(runs)]
 
 
@@ -116,8 +117,13 @@ def bench_delay(runs: int, seconds: float) -> None:
     print("\n### Round-trip delay of the test signal (Opus, loopback, one call at a time)\n")
     print("| server | runs | median delay ms | min | max | mean correlation |")
     print("|---|---|---|---|---|---|")
-    for kind in ("plain aiortc echo", "agent (echo plugin)"):
-        reports = measure_delay("agent" if kind.startswith("agent") else "plain", runs, seconds)
+    variants = (
+        ("plain aiortc echo", "plain", None),
+        ("agent (echo plugin)", "agent", None),
+        ("agent, --jitter-buffer 0", "agent", ["--jitter-buffer", "0"]),
+    )
+    for kind, server_kind, extra in variants:
+        reports = measure_delay(server_kind, runs, seconds, extra)
         delays = [r["delay_ms"] for r in reports if r["delay_ms"] is not None]
         correlations = [r["correlation"] for r in reports if r["correlation"] is not None]
         print(f"| {kind} | {len(delays)} | {statistics.median(delays):.0f} | {min(delays):.0f} "
