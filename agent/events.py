@@ -60,7 +60,6 @@ class EventChannel:
 
     def __init__(self) -> None:
         self._send: Callable[[str], None] | None = None
-        self.sent_types: list[str] = []
 
     def attach(self, send: Callable[[str], None]) -> None:
         self._send = send
@@ -80,10 +79,6 @@ class EventChannel:
         except Exception as exc:  # a closing channel must not break the media path
             log.debug("data channel send failed: %s", exc)
             self._send = None
-            return
-        self.sent_types.append(event["type"])
-        if len(self.sent_types) > 256:
-            del self.sent_types[:128]
 
 
 def parse_client_event(raw: str | bytes) -> dict[str, Any]:
