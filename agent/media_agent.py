@@ -106,6 +106,8 @@ class MediaAgent:
             answer = await pc.createAnswer()
             await pc.setLocalDescription(answer)
         except BaseException:
+            if call.ticked is None:
+                self.plugin.discard_runtime_config(runtime_config)
             await call.close("setup_failed")
             raise
         self.calls[call.id] = call

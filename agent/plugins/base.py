@@ -242,6 +242,11 @@ class Plugin(abc.ABC):
         reserves something (a remote engine session) overrides this to validate only."""
         await self.prepare_runtime_config(session_config)
 
+    def discard_runtime_config(self, config: RuntimeConfig) -> None:
+        """A prepared config no session will use: the call failed before `create_session`.
+
+        Release whatever preparing it reserved (event loop). Nothing to do by default."""
+
     def runtime_config_for_update(
         self, current: RuntimeConfig, update: SessionConfig
     ) -> RuntimeConfig:

@@ -159,3 +159,23 @@ async def offer_sdp() -> str:
         return pc.localDescription.sdp
     finally:
         await pc.close()
+
+
+async def test_a_failed_offer_gives_its_engine_seat_back_at_once(
+    start_agent: AgentFactory, start_fake: StartFake,
+) -> None:
+    fake = await start_fake("vllm")
+    plugin = VllmOmniPlugin([fake.url], settings=SETTINGS, claim_timeout=60.0)
+    running = await start_agent(plugin)
+    # Passes the agent's cheap SDP checks, opens an engine session, then fails negotiation.
+    garbled = "v=0\r\no=- 1 1 IN IP4 127.0.0.1\r\ns=-\r\nt=0 0\r\nm=audio 9 UDP 111\r\nnonsense\r\n"
+    async with aiohttp.ClientSession() as http:
+        async with http.post(f"{running.url}/offer",
+                             json={"type": "offer", "sdp": garbled}) as response:
+            assert response.status == 400
+            assert (await response.json())["error"]["code"] == "invalid_sdp"
+    assert len(fake.sessions) == 1  # the engine session was opened for the offer...
+    # ...and is released long before the 60 s claim timeout.
+    await wait_until(lambda: fake.active == 0 and plugin.pool.upstreams[0].active == 0,
+                     timeout=5)
+    await all_gone(running)

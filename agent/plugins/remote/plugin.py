@@ -3,7 +3,8 @@
 A link is opened in `prepare_runtime_config` (on the event loop, so the offer gets a 503 when
 every engine is full) and parked under a token in `RuntimeConfig.options`; `create_session`
 (ticker thread) claims it. A parked link that nobody claims — the offer failed after the
-engine session opened — is closed after `claim_timeout` seconds so no engine seat leaks.
+engine session opened — is closed at once when the agent discards its config, and after
+`claim_timeout` seconds otherwise, so no engine seat leaks.
 """
 
 from __future__ import annotations
@@ -176,11 +177,23 @@ class RemotePlugin(Plugin):
         raise last_error
 
     def _expire_parked(self, token: str) -> None:
-        with self._parked_lock:
-            link = self._parked.pop(token, None)
+        link = self._unpark(token)
         if link is not None:
             log.warning("upstream %s: session never claimed by a call; closing it", link.url)
             self._close_link(link)
+
+    def discard_runtime_config(self, config: RuntimeConfig) -> None:
+        # The offer failed after its engine session opened: give the seat back now rather
+        # than when the claim timeout fires.
+        link = self._unpark(config.options.get(LINK_TOKEN))
+        if link is not None:
+            self._close_link(link)
+
+    def _unpark(self, token: object) -> UpstreamLink | None:
+        if not isinstance(token, str):
+            return None
+        with self._parked_lock:
+            return self._parked.pop(token, None)
 
     def _close_link(self, link: UpstreamLink) -> None:
         """Start closing a link; `close` waits for every one started (loop)."""
@@ -198,9 +211,7 @@ class RemotePlugin(Plugin):
     # -- ticker thread ----------------------------------------------------------------------
 
     def create_session(self, config: RuntimeConfig) -> RemoteSession:
-        token = config.options.get(LINK_TOKEN)
-        with self._parked_lock:
-            link = self._parked.pop(token, None) if isinstance(token, str) else None
+        link = self._unpark(config.options.get(LINK_TOKEN))
         if link is None:
             raise PluginError(
                 "upstream_session_expired",
