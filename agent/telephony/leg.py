@@ -91,11 +91,15 @@ class TelephonyLeg:
     async def open_session(self, session_config: SessionConfig) -> RuntimeConfig:
         """Validate the config with the plugin and take a ticker seat (PluginError if refused)."""
         runtime_config = await self.plugin.prepare_runtime_config(session_config)
-        if self._closing:
-            raise PluginError("session_closed", "the session ended during setup")
-        ticked = await self.ticker.open_session(
-            runtime_config, self.on_output, self.on_plugin_error
-        )
+        try:
+            if self._closing:
+                raise PluginError("session_closed", "the session ended during setup")
+            ticked = await self.ticker.open_session(
+                runtime_config, self.on_output, self.on_plugin_error
+            )
+        except BaseException:
+            self.plugin.discard_runtime_config(runtime_config)
+            raise
         if self._closing:  # closed while the seat was being made
             await self.ticker.close_session(ticked)
             raise PluginError("session_closed", "the session ended during setup")
