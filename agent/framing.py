@@ -13,11 +13,6 @@ import numpy as np
 _LAYOUTS = {1: "mono", 2: "stereo"}
 
 
-def chunk_size(frame_size: int, parts: int = 4) -> int:
-    """A sub-frame size (about 20 ms for 80 ms frames) that divides the frame exactly."""
-    return frame_size // parts if frame_size % parts == 0 else frame_size
-
-
 class FrameAssembler:
     """`frame_size=None` passes resampled audio through as it comes (no re-chunking delay)."""
 

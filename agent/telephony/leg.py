@@ -25,7 +25,7 @@ from ..call import CallSettings
 from ..clock import MonotonicClock
 from ..events import error_event, error_event_from, server_event
 from ..task_owner import TaskOwner
-from ..framing import FrameAssembler, chunk_size
+from ..framing import FrameAssembler
 from ..pacer import Pacer
 from ..playout import PlayoutBuffer
 from ..plugins.base import PluginError, RuntimeConfig, SessionConfig, StepOutput
@@ -56,10 +56,9 @@ class TelephonyLeg:
         self.capabilities = self.plugin.capabilities()
         self.codec = codec
         rate = self.capabilities.sample_rate
-        # 20 ms pieces: the ticker cuts its frames from them (see Call._read_inbound).
-        self.assembler = FrameAssembler(
-            rate, chunk_size(self.capabilities.frame_size), self.capabilities.channels
-        )
+        # No re-chunking: the ticker cuts its frames from whatever arrived (see
+        # Call._read_inbound), so a packet is not held back by the resampler's filter delay.
+        self.assembler = FrameAssembler(rate, None, self.capabilities.channels)
         self.playout = PlayoutBuffer(int(rate * self.settings.playout_capacity_seconds))
         self.chunk_samples = int(rate * PTIME)
         self.resampler = ChunkResampler(rate, codec.sample_rate)
