@@ -197,12 +197,10 @@ class Call:
     def on_output(self, output: StepOutput) -> None:
         if output.error is not None:
             self.events.send(error_event_from(output.error))
-        if output.end_call and not self._closing:
-            reason = output.error.code if output.error is not None else "plugin_ended"
+        reason = output.end_reason
+        if reason is not None and not self._closing:
             self.spawn(self._end_after_events(reason), "plugin-end")
-        audio = output.audio
-        if audio.ndim > 1:
-            audio = audio.mean(axis=1)
+        audio = output.mono_audio()
         self.playout.push(audio)
         self._track_speech(audio)
         if output.text:

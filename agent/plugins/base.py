@@ -152,6 +152,17 @@ class StepOutput:
     error: PluginError | None = None
     end_call: bool = False
 
+    @property
+    def end_reason(self) -> str | None:
+        """Why the call should end after this frame (the error's code), or None to go on."""
+        if not self.end_call:
+            return None
+        return self.error.code if self.error is not None else "plugin_ended"
+
+    def mono_audio(self) -> np.ndarray:
+        """The audio as one channel (channels averaged) for playout."""
+        return self.audio if self.audio.ndim == 1 else self.audio.mean(axis=1)
+
 
 class PluginSession:
     """Per-call state owned by a plugin. Subclass it to hold model slots and the like."""

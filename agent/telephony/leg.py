@@ -179,12 +179,10 @@ class TelephonyLeg:
     def on_output(self, output: StepOutput) -> None:
         if output.error is not None:
             self.report_error(error_event_from(output.error))
-        if output.end_call and not self._closing:
-            reason = output.error.code if output.error is not None else "plugin_ended"
+        reason = output.end_reason
+        if reason is not None and not self._closing:
             self.spawn(self.close(reason), "plugin-end")
-        audio = output.audio
-        if audio.ndim > 1:
-            audio = audio.mean(axis=1)
+        audio = output.mono_audio()
         self.playout.push(audio)
         self.queued_samples += len(audio)
 
