@@ -77,9 +77,13 @@ async def test_all_live_sessions_share_one_batched_step(clock: FakeClock) -> Non
     joined = len(plugin.batches)
     a.push(frame(1.0))
     b.push(frame(2.0))
-    await wait_for_ticks(plugin, joined + 3)
+    await wait_for_ticks(plugin, joined + 4)  # at most one stale single-session step, see below
     await ticker.close()
-    after_join = plugin.batches[joined:]
+    # A step snapshotted before b joined may still land after open_session returned (the
+    # worker runs it after b's create_session): judge from the first step that saw b.
+    first_with_b = next(i for i, batch in enumerate(plugin.batches) if ("b" in [v for v, _ in batch]))
+    after_join = plugin.batches[first_with_b:]
+    assert len(after_join) >= 3
     assert all([v for v, _ in batch] == ["a", "b"] for batch in after_join)
     # Both caller frames went through the same step and back to their own session.
     assert [("a", 1.0), ("b", 2.0)] in after_join
