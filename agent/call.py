@@ -19,6 +19,7 @@ import numpy as np
 from aiortc import RTCDataChannel, RTCPeerConnection
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
+from .client_inbox import ClientEventInbox, RawEvent
 from .clock import MonotonicClock
 from .events import (
     EventChannel, error_event, error_event_from, parse_client_event, peek_event_id, server_event,
@@ -47,6 +48,9 @@ class CallSettings:
     connect_timeout: float = 20.0  # seconds from answer to ICE/DTLS connected
     max_call_seconds: float = 0.0  # 0 = unlimited
     playout_capacity_seconds: float = 2.0
+    # Data-channel client events a caller may send: a sustained rate per second and a burst.
+    client_event_rate: float = 10.0
+    client_event_burst: int = 20
 
 
 class Call:
@@ -88,6 +92,11 @@ class Call:
         self._transcript: list[str] = []
         self._response_index = 0
         self._update_lock = asyncio.Lock()
+        self.client_events = ClientEventInbox(
+            self.handle_client_event, self._refuse_client_events,
+            rate=settings.client_event_rate, burst=settings.client_event_burst,
+        )
+        self._client_events_served: asyncio.Task[None] | None = None
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -283,9 +292,9 @@ class Call:
     def attach_channel(self, channel: RTCDataChannel) -> None:
         self.events.attach(channel.send)
 
-        @channel.on("message")
-        def on_message(message: str | bytes) -> None:
-            self.spawn(self.handle_client_event(message), "client-event")
+        channel.on("message", self.client_events.offer)
+        if self._client_events_served is None:  # one consumer keeps events in order
+            self._client_events_served = self.spawn(self.client_events.serve(), "client-events")
 
         @channel.on("close")
         def on_close() -> None:
@@ -293,7 +302,16 @@ class Call:
 
         self.events.send(server_event("session.created", session=self.describe_session()))
 
-    async def handle_client_event(self, raw: str | bytes) -> None:
+    def _refuse_client_events(self, raw: RawEvent, count: int) -> None:
+        log.warning("call %s: %d client events refused over the rate limit", self.id, count)
+        self.events.send(error_event(
+            "rate_limited",
+            f"{count} client event(s) refused: at most {self.settings.client_event_rate:g} "
+            f"a second (bursts of {self.settings.client_event_burst})",
+            client_event_id=peek_event_id(raw),
+        ))
+
+    async def handle_client_event(self, raw: RawEvent) -> None:
         client_event_id = None
         try:
             event = parse_client_event(raw)

@@ -3,6 +3,7 @@ nothing is left behind, and a good call works afterwards."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
@@ -270,3 +271,45 @@ async def test_hostile_data_channel_events(start_agent: AgentFactory,
     await client.close()
     await wait_until(lambda: all_freed(running))
     await good_call_works(running, realtime_clients)
+
+
+async def test_data_channel_flood_is_rate_limited(start_agent: AgentFactory,
+                                                  realtime_clients: list[RealtimeClient]) -> None:
+    """500 restarts at once: the burst is served, the rest refused with few error events,
+    the flooding call still works and the other call keeps getting its audio."""
+    running = await start_agent(plugin=VoicedEchoUpdates())
+    settings = running.agent.settings.call
+    victim, flooder = RealtimeClient(running.url), RealtimeClient(running.url)
+    realtime_clients.extend([victim, flooder])
+    await victim.call()
+    await flooder.call()
+    await flooder.wait_event("session.created")
+    await victim.wait_audio(0.5)
+    loop = asyncio.get_running_loop()
+    began = loop.time()
+    heard_before = victim.received_seconds
+    mark = await flooder.send_event({"type": "response.cancel", "event_id": "flood_0"})
+    for i in range(1, 500):
+        flooder.channel.send(json.dumps({"type": "response.cancel", "event_id": f"flood_{i}"}))
+    refusal = (await flooder.wait_event("error", after=mark))["error"]
+    assert refusal["code"] == "rate_limited"
+    assert refusal["event_id"].startswith("flood_")
+    await asyncio.sleep(2.0)
+    elapsed = loop.time() - began
+    replies = flooder.events[mark:]
+    cleared = sum(e["type"] == "output_audio_buffer.cleared" for e in replies)
+    errors = [e["error"] for e in replies if e["type"] == "error"]
+    assert settings.client_event_burst <= cleared
+    assert cleared <= settings.client_event_burst + settings.client_event_rate * elapsed + 1
+    assert {error["code"] for error in errors} == {"rate_limited"}
+    assert len(errors) <= 1 + elapsed  # refusals are reported at most once a second
+    call = running.agent.calls[flooder.call_id]
+    assert call.client_events.refused == 500 - cleared
+    # The flooder's call goes on and takes events again once the burst is refilled.
+    mark = await flooder.send_event({"type": "session.update",
+                                     "session": {"instructions": "calm again"}})
+    updated = await flooder.wait_event("session.updated", after=mark)
+    assert updated["session"]["instructions"] == "calm again"
+    # The other call was served meanwhile.
+    assert victim.received_seconds - heard_before >= elapsed - 1.0
+    assert victim.pc.connectionState == "connected"

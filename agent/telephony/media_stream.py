@@ -26,6 +26,7 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from ..plugins.base import PluginError, SessionConfig
+from ..rate_limit import TokenBucket
 from .codec import PCMA, PCMU, NarrowbandCodec
 from .leg import DTMF_DIGITS, TelephonyLeg
 from .marks import MarkQueue
@@ -39,6 +40,9 @@ log = logging.getLogger(__name__)
 MAX_MESSAGE_BYTES = 64 * 1024
 MAX_MEDIA_BYTES = 8000  # one second of μ-law in one message is already far from normal
 MAX_NAME_CHARS = 256
+# A keypad sends a few digits a second; each digit is work on the model's shared worker.
+DTMF_RATE = 10.0
+DTMF_BURST = 20
 ENCODINGS: dict[str, NarrowbandCodec] = {"audio/x-mulaw": PCMU, "audio/x-alaw": PCMA}
 SESSION_PARAMETERS = ("voice", "instructions", "persona", "extra_body")
 
@@ -70,6 +74,7 @@ class MediaStreamSession(TelephonyLeg):
         self.custom_parameters: dict[str, str] = {}
         self.marks = MarkQueue()
         self.malformed_messages = 0
+        self.dtmf_budget = TokenBucket(DTMF_RATE, DTMF_BURST)
         self.marks_answered = 0
         self.started = False
         self.start_watchdog()  # a socket that never sends `start` is ended by connect_timeout
@@ -175,6 +180,9 @@ class MediaStreamSession(TelephonyLeg):
             raise ProtocolError("invalid_dtmf", "'dtmf.digit' must be one of 0-9, *, #, A-D")
         if not self.started:
             raise ProtocolError("not_started", "'dtmf' before 'start'")
+        if not self.dtmf_budget.take():
+            raise ProtocolError(
+                "rate_limited", f"at most {DTMF_RATE:g} DTMF digits a second (bursts of {DTMF_BURST})")
         await self.dtmf(digit.upper())
 
     # -- outbound ---------------------------------------------------------------------------

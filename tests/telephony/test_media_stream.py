@@ -394,3 +394,27 @@ async def test_a_socket_that_never_starts_is_ended(start_agent: AgentFactory) ->
         await bridge.send({"event": "connected", "protocol": "Call", "version": "1.0.0"})
         await bridge.finished()
     assert not running.agent.sessions
+
+
+async def test_dtmf_flood_is_rate_limited_and_the_stream_goes_on(start_agent: AgentFactory) -> None:
+    from agent.telephony.media_stream import DTMF_BURST
+
+    plugin = KeypadEchoPlugin()
+    running = await start_agent(plugin)
+    async with aiohttp.ClientSession() as http:
+        bridge = await connect(http, running)
+        await bridge.open()
+        for _ in range(200):
+            await bridge.send({"event": "dtmf", "streamSid": bridge.stream_sid,
+                               "dtmf": {"digit": "5"}})
+        await wait_until(lambda: len(plugin.digits) + len(bridge.errors) == 200)
+        (session,) = running.agent.sessions.values()
+        assert session.closing is False
+        await _stream_silence(bridge, 0.5)  # media is still taken after the flood
+        await bridge.send({"event": "stop", "streamSid": bridge.stream_sid})
+        await bridge.finished()
+    # The burst (plus what refilled while the flood was read) reached the plugin; the rest
+    # were refused with a coded error each, and the socket stayed usable throughout.
+    assert DTMF_BURST <= len(plugin.digits) < 200 // 2
+    assert {e["error"]["code"] for e in bridge.errors} == {"rate_limited"}
+    assert bridge.media
