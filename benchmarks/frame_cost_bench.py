@@ -12,10 +12,14 @@ converted to s16. Target: under 0.5 ms per frame per call.
 from __future__ import annotations
 
 import argparse
+import sys
 import time
+from pathlib import Path
 
 import av
 import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
 from agent.framing import FrameAssembler
 from agent.outbound import float_to_s16
