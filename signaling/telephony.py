@@ -6,7 +6,8 @@
   segment, `/v1/telephony/media-stream/KEY`, for bridges whose stream URL cannot carry a
   query string (Twilio's `<Stream url>`).
 - `POST /v1/telephony/rtp` `{"remote": "HOST:PORT" (optional: latch to the first sender),
-  "codec": "PCMU"|"PCMA"|"L16/16000", "session": {...}}` → 201 `{"call_id", "local",
+  "codec": "PCMU"|"PCMA"|"L16/16000", "dtmf_payload_type": 101, "session": {...}}` → 201
+  `{"call_id", "local",
   "codec", ...}`; `GET`/`DELETE /v1/telephony/rtp/{call_id}`.
 Admission (server full → 503 + Retry-After) and auth are the same as for WebRTC calls.
 """
@@ -23,7 +24,8 @@ from aiohttp import WSMsgType, web
 from agent.plugins.base import SessionConfig
 from agent.telephony.media_stream import MediaStreamSession
 from agent.telephony.rtp_leg import (
-    RtpLeg, RtpSettings, codec_from_request, open_rtp_leg, parse_host_port,
+    RtpLeg, RtpSettings, codec_from_request, dtmf_payload_type_from_request, open_rtp_leg,
+    parse_host_port,
 )
 
 from .errors import ApiError, read_json_object
@@ -109,12 +111,14 @@ async def post_rtp(request: web.Request) -> web.Response:
     body = await read_json_object(request)
     remote = parse_host_port(body["remote"], "remote") if body.get("remote") is not None else None
     codec = codec_from_request(body.get("codec", "PCMU"))
+    dtmf_payload_type = dtmf_payload_type_from_request(body, codec)
     session = SessionConfig.from_json(body.get("session"))
-    leg = await open_rtp_leg(agent, remote, codec, session, settings)
+    leg = await open_rtp_leg(agent, remote, codec, session, settings, dtmf_payload_type)
     location = f"{RTP_PATH}/{leg.id}"
     return web.json_response(
         {"call_id": leg.id, "local": leg.local_text, "codec": codec.name,
-         "remote": body.get("remote"), "payload_type": leg.stats()["payload_type"]},
+         "remote": body.get("remote"), "payload_type": leg.stats()["payload_type"],
+         "dtmf_payload_type": dtmf_payload_type},
         status=201, headers={"Location": location},
     )
 

@@ -28,6 +28,7 @@ from ..task_owner import TaskOwner
 from ..framing import FrameAssembler
 from ..pacer import Pacer
 from ..playout import PlayoutBuffer
+from ..rate_limit import TokenBucket
 from ..plugins.base import PluginError, RuntimeConfig, SessionConfig, StepOutput
 from ..ticker import TickedSession
 from .codec import PTIME, NarrowbandCodec
@@ -39,6 +40,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 DTMF_DIGITS = frozenset("0123456789*#ABCD")
+# A keypad sends a few digits a second; each digit is work on the model's shared worker.
+DTMF_RATE = 10.0
+DTMF_BURST = 20
 RECENT_EVENTS = 64
 WATCHDOG_INTERVAL = 0.25
 
@@ -55,6 +59,7 @@ class TelephonyLeg:
         self.settings = settings or agent.settings.call
         self.capabilities = self.plugin.capabilities()
         self.codec = codec
+        self.dtmf_budget = TokenBucket(DTMF_RATE, DTMF_BURST)
         rate = self.capabilities.sample_rate
         # No re-chunking: the ticker cuts its frames from whatever arrived (see
         # Call._read_inbound), so a packet is not held back by the resampler's filter delay.

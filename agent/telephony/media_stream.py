@@ -26,9 +26,8 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from ..plugins.base import PluginError, SessionConfig
-from ..rate_limit import TokenBucket
 from .codec import PCMA, PCMU, NarrowbandCodec
-from .leg import DTMF_DIGITS, TelephonyLeg
+from .leg import DTMF_BURST, DTMF_DIGITS, DTMF_RATE, TelephonyLeg
 from .marks import MarkQueue
 
 if TYPE_CHECKING:
@@ -40,9 +39,6 @@ log = logging.getLogger(__name__)
 MAX_MESSAGE_BYTES = 64 * 1024
 MAX_MEDIA_BYTES = 8000  # one second of μ-law in one message is already far from normal
 MAX_NAME_CHARS = 256
-# A keypad sends a few digits a second; each digit is work on the model's shared worker.
-DTMF_RATE = 10.0
-DTMF_BURST = 20
 ENCODINGS: dict[str, NarrowbandCodec] = {"audio/x-mulaw": PCMU, "audio/x-alaw": PCMA}
 SESSION_PARAMETERS = ("voice", "instructions", "persona", "extra_body")
 
@@ -74,7 +70,6 @@ class MediaStreamSession(TelephonyLeg):
         self.custom_parameters: dict[str, str] = {}
         self.marks = MarkQueue()
         self.malformed_messages = 0
-        self.dtmf_budget = TokenBucket(DTMF_RATE, DTMF_BURST)
         self.marks_answered = 0
         self.started = False
         self.start_watchdog()  # a socket that never sends `start` is ended by connect_timeout

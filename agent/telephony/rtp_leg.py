@@ -7,7 +7,9 @@ agent's address and the agent learns Asterisk's from the first packet). Packets 
 other source, with another payload type, or that do not parse are counted and ignored.
 Inbound packets go through a small jitter buffer played on the leg's 20 ms clock (see
 rtp_jitter.py); the agent's audio goes back as RTP on the same tick (160 bytes of G.711, or
-640 bytes of L16/16000) to the remote.
+640 bytes of L16/16000) to the remote. Keypad digits sent as RFC 4733 telephone-events (on
+`dtmf_payload_type`, 101 unless told otherwise) become DTMF session events, as on the
+media-stream websocket.
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ from ..plugins.base import SessionConfig
 from .codec import NarrowbandCodec, codec_by_name, CODECS
 from .leg import TelephonyLeg
 from .rtp_jitter import Concealer, JitterBuffer
+from .telephone_event import DEFAULT_PAYLOAD_TYPE as DEFAULT_DTMF_PAYLOAD_TYPE
+from .telephone_event import TelephoneEventDetector
 
 if TYPE_CHECKING:
     from ..call import CallSettings
@@ -79,6 +83,20 @@ def format_host_port(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
+def dtmf_payload_type_from_request(body: dict[str, Any], codec: NarrowbandCodec) -> int | None:
+    """The telephone-event payload type a request asks for: `dtmf_payload_type` (null turns
+    DTMF off). Absent: 101 with G.711; off with L16, whose audio takes any dynamic type."""
+    if "dtmf_payload_type" not in body:
+        return DEFAULT_DTMF_PAYLOAD_TYPE if codec.payload_type is not None else None
+    value = body["dtmf_payload_type"]
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value not in DYNAMIC_PAYLOAD_TYPES:
+        raise CallError("invalid_payload_type", "'dtmf_payload_type' must be an integer in "
+                        "96-127, or null", param="dtmf_payload_type")
+    return value
+
+
 def codec_from_request(name: object) -> NarrowbandCodec:
     codec = codec_by_name(name) if isinstance(name, str) else None
     if codec is None:
@@ -105,7 +123,8 @@ class RtpLeg(TelephonyLeg):
 
     def __init__(self, agent: MediaAgent, codec: NarrowbandCodec,
                  transport: asyncio.DatagramTransport, local: Address, remote: Address | None,
-                 rtp: RtpSettings, settings: CallSettings | None = None) -> None:
+                 rtp: RtpSettings, settings: CallSettings | None = None,
+                 dtmf_payload_type: int | None = DEFAULT_DTMF_PAYLOAD_TYPE) -> None:
         super().__init__(agent, codec, settings)
         self.transport = transport
         self.local = local
@@ -118,6 +137,9 @@ class RtpLeg(TelephonyLeg):
         self.packets_malformed = 0
         self.packets_other_payload = 0
         self.packets_sent = 0
+        self.dtmf_payload_type = dtmf_payload_type
+        self.telephone_events = TelephoneEventDetector()
+        self.dtmf_refused = 0
         self._payload_type = (
             codec.payload_type if codec.payload_type is not None else DEFAULT_DYNAMIC_PAYLOAD_TYPE
         )
@@ -144,6 +166,9 @@ class RtpLeg(TelephonyLeg):
         except ValueError:
             self.packets_malformed += 1
             return
+        if packet.payload_type == self.dtmf_payload_type:
+            self._on_telephone_event(source, packet)
+            return
         if not self._accepts_payload_type(packet.payload_type):
             self.packets_other_payload += 1  # comfort noise, telephone-event, RTCP, ...
             return
@@ -159,10 +184,22 @@ class RtpLeg(TelephonyLeg):
             self.media_started_at = self.last_inbound_at
         self.jitter.push(packet.sequence_number, packet.payload)
 
+    def _on_telephone_event(self, source: Address, packet: RtpPacket) -> None:
+        if self.remote is None:
+            self.packets_other_payload += 1  # latching: only the audio's sender is the caller
+            return
+        digit = self.telephone_events.feed(packet.timestamp, packet.payload)
+        if digit is None:
+            return
+        if not self.dtmf_budget.take():
+            self.dtmf_refused += 1
+            return
+        self.spawn(self.dtmf(digit), "dtmf")
+
     def _accepts_payload_type(self, payload_type: int) -> bool:
         if self.codec.payload_type is not None:
             return payload_type == self.codec.payload_type
-        if payload_type in DYNAMIC_PAYLOAD_TYPES:
+        if payload_type in DYNAMIC_PAYLOAD_TYPES and payload_type != self.dtmf_payload_type:
             self._payload_type = payload_type  # answer with whatever dynamic type it uses
             return True
         return False
@@ -206,6 +243,9 @@ class RtpLeg(TelephonyLeg):
             "packets_foreign": self.packets_foreign,
             "packets_malformed": self.packets_malformed,
             "packets_other_payload": self.packets_other_payload,
+            "dtmf_payload_type": self.dtmf_payload_type,
+            "telephone_event_packets": self.telephone_events.packets,
+            "dtmf_refused": self.dtmf_refused,
             "jitter": self.jitter.stats.to_dict(),
         }
 
@@ -239,11 +279,13 @@ async def _bind_port(settings: RtpSettings) -> tuple[asyncio.DatagramTransport, 
 
 
 async def open_rtp_leg(agent: MediaAgent, remote: Address | None, codec: NarrowbandCodec,
-                       session: SessionConfig, settings: RtpSettings) -> RtpLeg:
+                       session: SessionConfig, settings: RtpSettings,
+                       dtmf_payload_type: int | None = DEFAULT_DTMF_PAYLOAD_TYPE) -> RtpLeg:
     """Admit, bind, open the plugin session and start sending. Raises CallError/PluginError."""
     with agent.admit():
         transport, protocol, port = await _bind_port(settings)
-        leg = RtpLeg(agent, codec, transport, (settings.local_host, port), remote, settings)
+        leg = RtpLeg(agent, codec, transport, (settings.local_host, port), remote, settings,
+                     dtmf_payload_type=dtmf_payload_type)
     protocol.leg = leg
     try:
         await leg.open_session(session)

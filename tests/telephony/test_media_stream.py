@@ -397,7 +397,7 @@ async def test_a_socket_that_never_starts_is_ended(start_agent: AgentFactory) ->
 
 
 async def test_dtmf_flood_is_rate_limited_and_the_stream_goes_on(start_agent: AgentFactory) -> None:
-    from agent.telephony.media_stream import DTMF_BURST
+    from agent.telephony.leg import DTMF_BURST
 
     plugin = KeypadEchoPlugin()
     running = await start_agent(plugin)

@@ -16,7 +16,12 @@ from aiortc.rtp import RtpPacket
 from agent.call import CallSettings
 from agent.media_agent import AgentSettings
 from agent.telephony.codec import L16_16K, PCMU, NarrowbandCodec
+from agent.plugins.base import PluginSession
+from agent.plugins.echo import EchoPlugin
 from agent.telephony.rtp_leg import RtpSettings
+from agent.telephony.telephone_event import (
+    TelephoneEvent, TelephoneEventDetector, parse_telephone_event, telephone_event_payload,
+)
 from agent.testsignal import make_test_signal, measure_echo
 from signaling.telephony import TelephonyConfig
 from support import AgentFactory, RunningAgent, wait_until
@@ -199,6 +204,10 @@ async def test_bad_requests_get_coded_errors(echo_agent: RunningAgent) -> None:
         ({"codec": 8}, "unsupported_codec"),
         ({"session": "x"}, "invalid_session"),
         ({"session": {"extra_body": {"delay_frames": -1}}}, "invalid_option"),
+        ({"dtmf_payload_type": 0}, "invalid_payload_type"),
+        ({"dtmf_payload_type": "101"}, "invalid_payload_type"),
+        ({"dtmf_payload_type": True}, "invalid_payload_type"),
+        ({"dtmf_payload_type": 128}, "invalid_payload_type"),
     ]
     async with aiohttp.ClientSession() as http:
         for body, code in cases:
@@ -243,3 +252,73 @@ async def test_port_range_and_call_limit(start_agent: AgentFactory) -> None:
         assert status == 201 and again["local"] == f"127.0.0.1:{port}"  # the port was freed
     await running.server.close()  # shutdown ends the leg
     assert not running.agent.sessions and not running.agent.ticker.sessions
+
+
+class KeypadEcho(EchoPlugin):
+    id = "keypad-echo"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.digits: list[str] = []
+
+    def handle_dtmf(self, session: PluginSession, digit: str) -> None:
+        self.digits.append(digit)
+
+
+def key_press(digit: str, timestamp: int, first_sequence: int, ssrc: int) -> list[bytes]:
+    """What a PBX sends for one key press on payload type 101: three updates while the key is
+    held, then the end packet three times, all with the press's start timestamp."""
+    payloads = [telephone_event_payload(digit, end=False, duration=160 * (n + 1)) for n in range(3)]
+    payloads += [telephone_event_payload(digit, end=True, duration=640)] * 3
+    return [RtpPacket(payload_type=101, marker=int(n == 0), sequence_number=first_sequence + n,
+                      timestamp=timestamp, ssrc=ssrc, payload=payload).serialize()
+            for n, payload in enumerate(payloads)]
+
+
+async def test_rfc4733_key_presses_become_dtmf_events(start_agent: AgentFactory) -> None:
+    plugin = KeypadEcho()
+    running = await start_agent(plugin)
+    caller = await endpoint()
+    stream = Stream.of(make_test_signal(2.0, 8000), PCMU, 0)
+    async with aiohttp.ClientSession() as http:
+        status, body = await open_leg(http, running, {"remote": caller.address})
+        assert status == 201, body
+        assert body["dtmf_payload_type"] == 101
+        destination = destination_of(body)
+        # Audio, then "1", "#", "1" (a digit twice in a row is two presses), and a flash
+        # (event 16), which is not a digit; with audio packets around them.
+        packets = list(stream.packets[:20])
+        for n, digit in enumerate("1#1"):
+            packets += key_press(digit, 3200 * (n + 1), 1000 + 10 * n, stream.ssrc)
+            packets += stream.packets[20 + 5 * n: 25 + 5 * n]
+        packets.append(RtpPacket(payload_type=101, sequence_number=1100, timestamp=99_000,
+                                 ssrc=stream.ssrc, payload=bytes([16, 0x8A, 0, 160])).serialize())
+        await send_paced(caller, destination, packets, list(range(len(packets))), set())
+        await wait_until(lambda: len(plugin.digits) == 3)
+        (leg,) = running.agent.sessions.values()
+        events = [e["event"] for e in leg.events
+                  if e["type"] == "input_audio_buffer.dtmf_event_received"]
+        stats = leg.stats()
+        async with http.delete(f"{running.url}{RTP_PATH}/{body['call_id']}") as response:
+            assert response.status == 200
+    assert plugin.digits == ["1", "#", "1"]
+    assert events == ["1", "#", "1"]
+    assert stats["telephone_event_packets"] == 3 * 6 + 1
+    assert stats["packets_other_payload"] == 0
+    # The audio around the digits was taken as audio, the digits were not.
+    assert stats["jitter"]["received"] == 20 + 15
+
+
+def test_telephone_event_detector_reports_each_press_once() -> None:
+    detector = TelephoneEventDetector()
+    seen = [detector.feed(ts, telephone_event_payload(d, end=end, duration=dur))
+            for ts, d, end, dur in [(100, "5", False, 160), (100, "5", False, 320),
+                                    (100, "5", True, 480), (100, "5", True, 480),
+                                    (900, "*", True, 160), (100, "5", True, 480),
+                                    (1700, "D", False, 160)]]
+    assert seen == ["5", None, None, None, "*", None, "D"]
+    assert detector.feed(2000, b"\x01\x00") is None  # too short
+    assert detector.feed(2100, bytes([20, 0x80, 0, 160])) is None  # not a keypad event
+    assert detector.ignored == 2
+    event = parse_telephone_event(telephone_event_payload("#", end=True, duration=1234, volume=7))
+    assert event == TelephoneEvent(digit="#", end=True, volume=7, duration=1234)
