@@ -2,8 +2,8 @@
 
 `POST /v1/realtime/calls` (application/sdp offer, or multipart `sdp` + `session`) creates a
 call and answers `201 Created` with the SDP answer, `Location`, `ETag` and one `Link` per ICE
-server. The call resource then takes `DELETE` / `POST .../hangup` (end it) and `PATCH`
-(trickled ICE candidates). A call belongs to the credential that created it; asking about
+server. The call resource then takes `GET` (its session and live stats), `DELETE` /
+`POST .../hangup` (end it) and `PATCH` (trickled ICE candidates). A call belongs to the credential that created it; asking about
 someone else's call gets the same 404 as an unknown id, so ids cannot be probed.
 """
 
@@ -195,6 +195,20 @@ async def post_call(request: web.Request) -> web.Response:
     return response
 
 
+async def get_call(request: web.Request) -> web.Response:
+    resource = request.app[RESOURCES_KEY].lookup(
+        request.match_info["call_id"], principal_of(request)
+    )
+    call = request.app[AGENT_KEY].calls.get(resource.call_id)
+    if call is None:
+        raise ApiError(404, "call_not_found", "no such call", param="call_id")
+    return web.json_response(
+        {"id": call.id, "object": "realtime.call", "status": "active",
+         "session": call.describe_session(), "stats": call.stats()},
+        headers={"ETag": resource.etag},
+    )
+
+
 async def delete_call(request: web.Request) -> web.Response:
     resource = request.app[RESOURCES_KEY].lookup(
         request.match_info["call_id"], principal_of(request)
@@ -232,6 +246,7 @@ async def patch_call(request: web.Request) -> web.Response:
 def add_routes(app: web.Application) -> None:
     app[RESOURCES_KEY] = CallResources(app[AGENT_KEY])
     app.router.add_post(CALLS_PATH, post_call)
+    app.router.add_get(CALLS_PATH + "/{call_id}", get_call)
     app.router.add_delete(CALLS_PATH + "/{call_id}", delete_call)
     app.router.add_patch(CALLS_PATH + "/{call_id}", patch_call)
     app.router.add_post(CALLS_PATH + "/{call_id}/hangup", hangup_call)

@@ -6,6 +6,7 @@ Routes (all errors are JSON `{"error": {"code", "message", "param"?}}`):
   201 + SDP answer, `Location: /v1/realtime/calls/{call_id}`, `ETag`, one `Link` per ICE
   server. 415 wrong type, 400 bad SDP/session (plugin codes), 413 body limits, 411 multipart
   without Content-Length, 503 + `Retry-After` (`server_full`) when `--max-sessions` is reached.
+- `GET /v1/realtime/calls/{id}`: 200 JSON, the call's session and live stats, with `ETag`.
 - `DELETE /v1/realtime/calls/{id}` and `POST /v1/realtime/calls/{id}/hangup`: 200; 404
   (`call_not_found`) for an unknown id or another credential's call.
 - `PATCH /v1/realtime/calls/{id}` (`application/trickle-ice-sdpfrag`): 204; 412 wrong

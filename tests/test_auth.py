@@ -180,6 +180,8 @@ async def test_calls_belong_to_their_credential(start_agent: AgentFactory) -> No
             (first, by_key), (first, by_second),  # a secret sees only its own call
         ]
         for token, location in refusals:
+            async with http.get(running.url + location, headers=bearer(token)) as response:
+                assert response.status == 404, (token, location)
             async with http.delete(running.url + location, headers=bearer(token)) as response:
                 assert response.status == 404, (token, location)
                 assert (await response.json())["error"]["code"] == "call_not_found"
@@ -189,6 +191,8 @@ async def test_calls_belong_to_their_credential(start_agent: AgentFactory) -> No
         assert len(running.agent.calls) == 3
         # The key that minted a secret manages the secret's call; the secret manages its own.
         for token, location in [(KEY, by_first), (second, by_second), (KEY, by_key)]:
+            async with http.get(running.url + location, headers=bearer(token)) as response:
+                assert response.status == 200
             async with http.delete(running.url + location, headers=bearer(token)) as response:
                 assert response.status == 200
     await wait_until(lambda: all_freed(running))

@@ -58,9 +58,19 @@ async def test_sdp_call_full_flow(start_agent: AgentFactory,
     await client.wait_audio(heard + 0.5)
 
     async with aiohttp.ClientSession() as http:
+        async with http.get(running.url + client.location) as response:
+            assert response.status == 200
+            assert response.headers["ETag"] == client.etag
+            resource = await response.json()
+        assert (resource["id"], resource["status"]) == (client.call_id, "active")
+        assert resource["session"]["instructions"] == "be brief"
+        assert resource["stats"]["connection_state"] == "connected"
+        assert resource["stats"]["inbound"]["frames_stepped"] > 0
         async with http.delete(running.url + client.location) as response:
             assert response.status == 200
             assert (await response.json())["id"] == client.call_id
+        async with http.get(running.url + client.location) as response:
+            assert response.status == 404
         async with http.delete(running.url + client.location) as response:
             assert response.status == 404
             assert (await response.json())["error"]["code"] == "call_not_found"
