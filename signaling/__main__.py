@@ -50,6 +50,12 @@ def build_parser() -> argparse.ArgumentParser:
     model.add_argument("--upstream-capacity", type=int, default=None, metavar="CALLS",
                        help="concurrent calls per --upstream (default: vllm-omni unlimited, "
                        "moshi-server 1)")
+    model.add_argument("--upstream-handshake-timeout", type=float, default=20.0, metavar="S",
+                       help="seconds a remote engine may take to accept a session (default 20; "
+                       "a Moshi server prefills its prompt first)")
+    model.add_argument("--upstream-stall-timeout", type=float, default=5.0, metavar="S",
+                       help="seconds without a message from a remote engine before the call "
+                       "gets an error (default 5)")
     calls = parser.add_argument_group("calls")
     calls.add_argument("--max-sessions", type=int, default=0,
                        help="concurrent calls admitted (0 = unlimited)")
@@ -96,7 +102,9 @@ def plugin_options_from_args(args: argparse.Namespace) -> PluginOptions:
         model_dir=args.model_dir, device=args.device, dtype=args.dtype,
         max_sessions=args.max_sessions, voice=args.voice,
         upstreams=tuple(args.upstream), model=args.model,
-        extra={"upstream_capacity": args.upstream_capacity},
+        extra={"upstream_capacity": args.upstream_capacity,
+               "upstream_handshake_timeout": args.upstream_handshake_timeout,
+               "upstream_stall_timeout": args.upstream_stall_timeout},
     )
 
 

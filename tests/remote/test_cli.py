@@ -1,4 +1,5 @@
-"""The CLI builds the remote plugins from --upstream / --upstream-capacity / --model."""
+"""The CLI builds the remote plugins from --upstream / --upstream-capacity / --model and the
+upstream timeouts."""
 
 from __future__ import annotations
 
@@ -27,6 +28,16 @@ def test_vllm_omni_from_flags() -> None:
         "ws://a:8000/v1/realtime?duplex=1", "ws://b:8000/v1/realtime?duplex=1"]
     assert plugin.capabilities().max_sessions == 16
     assert plugin.model == "personaplex" and plugin.capabilities().default_voice == "NATF2.pt"
+    assert (plugin.settings.handshake_timeout, plugin.settings.stall_timeout) == (20.0, 5.0)
+
+
+def test_upstream_timeouts_from_flags(capsys: pytest.CaptureFixture[str]) -> None:
+    plugin = plugin_from(["--plugin", "moshi-server", "--upstream", "ws://a:8998/api/chat",
+                          "--upstream-handshake-timeout", "45", "--upstream-stall-timeout", "2.5"])
+    assert (plugin.settings.handshake_timeout, plugin.settings.stall_timeout) == (45.0, 2.5)
+    assert main(["--plugin", "vllm-omni", "--upstream", "ws://a/v1/realtime",
+                 "--upstream-stall-timeout", "0"]) == 2
+    assert "invalid_option" in capsys.readouterr().err
 
 
 def test_moshi_server_defaults_to_one_call_per_upstream() -> None:

@@ -14,6 +14,7 @@ import logging
 import secrets
 import threading
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any, ClassVar
 
 import aiohttp
@@ -85,8 +86,20 @@ class RemotePlugin(Plugin):
     @classmethod
     def from_options(cls, options: PluginOptions) -> RemotePlugin:
         capacity = options.extra.get("upstream_capacity")
+        defaults = LinkSettings()
+        settings = replace(
+            defaults,
+            handshake_timeout=float(options.extra.get("upstream_handshake_timeout",
+                                                      defaults.handshake_timeout)),
+            stall_timeout=float(options.extra.get("upstream_stall_timeout",
+                                                  defaults.stall_timeout)),
+        )
+        if not (settings.handshake_timeout > 0 and settings.stall_timeout > 0):
+            raise PluginError("invalid_option", "upstream timeouts must be positive seconds",
+                              status=500)
         return cls(
-            options.upstreams, capacity=capacity, model=options.model, voice=options.voice
+            options.upstreams, capacity=capacity, model=options.model, voice=options.voice,
+            settings=settings,
         )
 
     def capabilities(self) -> Capabilities:
