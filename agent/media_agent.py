@@ -189,6 +189,8 @@ class MediaAgent:
             "ticker": self.ticker.counters.to_dict(),
             "ticker_sessions": len(self.ticker.sessions),
             "plugin_health": self.plugin.health(),
+            # Flat between calls on a healthy server: a leak shows here first.
+            "event_loop_tasks": len(asyncio.all_tasks()),
         }
 
     async def close(self) -> None:
