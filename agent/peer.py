@@ -267,6 +267,7 @@ async def run_call(
     data_channel: bool = True,
     connect_timeout: float = 10.0,
     preencoded: tuple[list[bytes], int, int] | None = None,
+    verify_tls: bool = True,
 ) -> tuple[CallReport, np.ndarray, np.ndarray]:
     """Make one call. Returns the report, the signal sent and the audio received (48 kHz)."""
     builtin = signal is None
@@ -322,7 +323,9 @@ async def run_call(
     try:
         await pc.setLocalDescription(await pc.createOffer())
         started = time.monotonic()
-        async with aiohttp.ClientSession() as http:
+        # verify_tls=False is for a development server's self-signed certificate.
+        connector = aiohttp.TCPConnector(ssl=None if verify_tls else False)
+        async with aiohttp.ClientSession(connector=connector) as http:
             answer, report.call_id = await post_offer(
                 http, url, pc.localDescription.sdp, session, headers or {}
             )
@@ -381,6 +384,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--token", help="Bearer token for the agent")
     parser.add_argument("--ice-host", action="append", default=None, metavar="ADDR",
                         help="gather ICE host candidates only on this address (repeatable)")
+    parser.add_argument("--insecure", action="store_true",
+                        help="accept any https certificate (a self-signed development server)")
     parser.add_argument("--json", action="store_true", help="print a JSON report")
     return parser
 
@@ -394,7 +399,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     headers = {"Authorization": f"Bearer {args.token}"} if args.token else None
     report, _, received = asyncio.run(
         run_call(args.url, signal=signal, seconds=args.seconds, codec=args.codec,
-                 session=session, headers=headers)
+                 session=session, headers=headers, verify_tls=not args.insecure)
     )
     if args.record:
         save_wav(args.record, received)

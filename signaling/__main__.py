@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import ssl
 import sys
 from collections.abc import Sequence
 
@@ -76,6 +77,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="gather ICE host candidates only on this address (repeatable; "
                        "default: every interface; 127.0.0.1 keeps calls on loopback)")
     parser.add_argument("--log-level", default="INFO")
+    tls = parser.add_argument_group("TLS (browsers need https to use a microphone off localhost)")
+    tls.add_argument("--tls-cert", metavar="FILE", help="PEM certificate chain: serve https")
+    tls.add_argument("--tls-key", metavar="FILE", help="PEM private key for --tls-cert")
     auth.add_arguments(parser)
     telephony.add_arguments(parser)
     ice.add_arguments(parser)
@@ -97,6 +101,20 @@ def settings_from_args(args: argparse.Namespace) -> AgentSettings:
     )
 
 
+def tls_context_from_args(args: argparse.Namespace) -> ssl.SSLContext | None:
+    """An https server context from --tls-cert/--tls-key; ValueError says what is wrong."""
+    if not args.tls_cert and not args.tls_key:
+        return None
+    if not (args.tls_cert and args.tls_key):
+        raise ValueError("--tls-cert and --tls-key go together")
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    try:
+        context.load_cert_chain(args.tls_cert, args.tls_key)
+    except (OSError, ssl.SSLError) as exc:
+        raise ValueError(f"cannot load {args.tls_cert} / {args.tls_key}: {exc}") from None
+    return context
+
+
 def plugin_options_from_args(args: argparse.Namespace) -> PluginOptions:
     return PluginOptions(
         model_dir=args.model_dir, device=args.device, dtype=args.dtype,
@@ -115,6 +133,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     # aioice logs every candidate pair check at INFO: one line per call is enough here.
     logging.getLogger("aioice").setLevel(max(logging.WARNING, logging.getLogger().level))
+    try:
+        ssl_context = tls_context_from_args(args)
+    except ValueError as exc:
+        print(f"error: tls: {exc}", file=sys.stderr)
+        return 2
     try:
         plugin = load_plugin(args.plugin, plugin_options_from_args(args))
     except PluginError as exc:
@@ -135,8 +158,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     else:
         log.info("API key required (%d key(s)); ephemeral secrets last %g s by default",
                  len(auth_settings.api_keys), auth_settings.secret_ttl_seconds)
-    log.info("serving plugin %s on http://%s:%d", plugin.id, args.host, args.port)
-    web.run_app(app, host=args.host, port=args.port, print=None, handle_signals=True)
+    scheme = "https" if ssl_context else "http"
+    log.info("serving plugin %s on %s://%s:%d", plugin.id, scheme, args.host, args.port)
+    web.run_app(app, host=args.host, port=args.port, ssl_context=ssl_context, print=None,
+                handle_signals=True)
     log.info("stopped")
     return 0
 

@@ -1,0 +1,104 @@
+"""`--tls-cert/--tls-key`: the server speaks https (pages off localhost need it for the mic)."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import ipaddress
+import json
+import signal
+import ssl
+import sys
+from pathlib import Path
+
+import aiohttp
+import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+
+from test_cli_lifecycle import free_tcp_port, read_until
+
+
+def self_signed(directory: Path) -> tuple[Path, Path]:
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    cert = (
+        x509.CertificateBuilder().subject_name(name).issuer_name(name)
+        .public_key(key.public_key()).serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address(
+            "127.0.0.1"))]), critical=False)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(key, hashes.SHA256())
+    )
+    cert_path, key_path = directory / "cert.pem", directory / "key.pem"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM,
+                                           serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption()))
+    return cert_path, key_path
+
+
+async def run_peer(*argv: str) -> tuple[int, dict]:
+    peer = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "agent.peer", *argv, "--json", "--ice-host", "127.0.0.1",
+        stdout=asyncio.subprocess.PIPE,
+    )
+    out, _ = await asyncio.wait_for(peer.communicate(), 60)
+    return peer.returncode or 0, json.loads(out)
+
+
+async def test_https_server_serves_pages_and_calls(tmp_path: Path) -> None:
+    cert, key = self_signed(tmp_path)
+    port = free_tcp_port()
+    server = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "signaling", "--port", str(port), "--ice-host", "127.0.0.1",
+        "--tls-cert", str(cert), "--tls-key", str(key),
+        stderr=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.DEVNULL,
+    )
+    lines: list[str] = []
+    assert server.stderr is not None
+    try:
+        await asyncio.wait_for(read_until(server.stderr, "serving plugin echo on https://",
+                                          lines), 60)
+        url = f"https://127.0.0.1:{port}"
+        trusted = ssl.create_default_context(cafile=str(cert))
+        async with aiohttp.ClientSession() as http:
+            async with http.get(url + "/health", ssl=trusted) as response:
+                assert response.status == 200
+                assert (await response.json())["status"] == "ok"
+            async with http.get(url + "/", ssl=trusted) as response:
+                assert response.status == 200
+                assert "text/html" in response.headers["Content-Type"]
+            with pytest.raises(aiohttp.ClientConnectorCertificateError):
+                await http.get(url + "/health")  # not in the system's trust store
+        code, report = await run_peer(url, "--seconds", "2", "--insecure")
+        assert code == 0 and report["connected"] and report["seconds_received"] > 1
+        code, report = await run_peer(url, "--seconds", "1")
+        assert code == 1 and not report["connected"] and "certificate" in report["error"].lower()
+        server.send_signal(signal.SIGTERM)
+        assert await asyncio.wait_for(server.wait(), 30) == 0
+    finally:
+        if server.returncode is None:
+            server.kill()
+            await server.wait()
+
+
+@pytest.mark.parametrize("flags, says", [
+    (["--tls-cert", "cert.pem"], "go together"),
+    (["--tls-cert", "missing.pem", "--tls-key", "missing.key"], "cannot load"),
+])
+async def test_bad_tls_flags_exit_2_with_a_reason(tmp_path: Path, flags: list[str],
+                                                  says: str) -> None:
+    server = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "signaling", "--port", str(free_tcp_port()), *flags,
+        cwd=str(Path(__file__).resolve().parent.parent),
+        stderr=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.DEVNULL,
+    )
+    _, err = await asyncio.wait_for(server.communicate(), 60)
+    assert server.returncode == 2
+    assert "error: tls:" in err.decode() and says in err.decode()
