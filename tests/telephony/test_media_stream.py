@@ -22,6 +22,7 @@ from agent.telephony.g711 import mulaw_decode, mulaw_encode
 from agent.testsignal import measure_echo
 from signaling.auth import AuthSettings
 from signaling.telephony import TelephonyConfig
+from keypad_plugin import KeypadEchoPlugin
 from support import AgentFactory, RunningAgent, wait_until
 
 PATH = "/v1/telephony/media-stream"
@@ -131,19 +132,6 @@ async def connect(http: aiohttp.ClientSession, running: RunningAgent, path: str 
     bridge = Bridge(socket)
     bridge.start_reading()
     return bridge
-
-
-class KeypadEchoPlugin(EchoPlugin):
-    """The echo plugin, remembering the DTMF digits the ticker hands it."""
-
-    id = "keypad-echo"
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.digits: list[str] = []
-
-    def handle_dtmf(self, session: PluginSession, digit: str) -> None:
-        self.digits.append(digit)
 
 
 MALFORMED: list[Any] = [

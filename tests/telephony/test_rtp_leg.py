@@ -16,14 +16,13 @@ from aiortc.rtp import RtpPacket
 from agent.call import CallSettings
 from agent.media_agent import AgentSettings
 from agent.telephony.codec import L16_16K, PCMU, NarrowbandCodec
-from agent.plugins.base import PluginSession
-from agent.plugins.echo import EchoPlugin
 from agent.telephony.rtp_leg import RtpSettings
 from agent.telephony.telephone_event import (
     TelephoneEvent, TelephoneEventDetector, parse_telephone_event, telephone_event_payload,
 )
 from agent.testsignal import make_test_signal, measure_echo
 from signaling.telephony import TelephonyConfig
+from keypad_plugin import KeypadEchoPlugin
 from support import AgentFactory, RunningAgent, wait_until
 
 RTP_PATH = "/v1/telephony/rtp"
@@ -254,17 +253,6 @@ async def test_port_range_and_call_limit(start_agent: AgentFactory) -> None:
     assert not running.agent.sessions and not running.agent.ticker.sessions
 
 
-class KeypadEcho(EchoPlugin):
-    id = "keypad-echo"
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.digits: list[str] = []
-
-    def handle_dtmf(self, session: PluginSession, digit: str) -> None:
-        self.digits.append(digit)
-
-
 def key_press(digit: str, timestamp: int, first_sequence: int, ssrc: int) -> list[bytes]:
     """What a PBX sends for one key press on payload type 101: three updates while the key is
     held, then the end packet three times, all with the press's start timestamp."""
@@ -276,7 +264,7 @@ def key_press(digit: str, timestamp: int, first_sequence: int, ssrc: int) -> lis
 
 
 async def test_rfc4733_key_presses_become_dtmf_events(start_agent: AgentFactory) -> None:
-    plugin = KeypadEcho()
+    plugin = KeypadEchoPlugin()
     running = await start_agent(plugin)
     caller = await endpoint()
     stream = Stream.of(make_test_signal(2.0, 8000), PCMU, 0)
