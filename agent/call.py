@@ -382,6 +382,7 @@ class Call:
                 "dropped_samples": self.playout.dropped_samples,
                 "underrun_chunks": self.playout.underrun_chunks,
                 "reanchors": self.track.pacer.reanchors,
+                "trimmed_ms": round(self.playout.trimmed_samples / self.capabilities.sample_rate * 1000, 1),
             },
             "plugin_session": self.ticked.plugin_session.stats() if self.ticked else None,
         }

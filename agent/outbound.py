@@ -39,6 +39,7 @@ class AgentAudioTrack(MediaStreamTrack):
         self.sample_rate = sample_rate
         self.samples_per_chunk = int(sample_rate * PTIME)
         self.pacer = Pacer(clock or MonotonicClock(), PTIME)
+        playout.follow(self.pacer, sample_rate)
         self._silence = np.zeros(self.samples_per_chunk, dtype=np.int16)
         self._time_base = Fraction(1, sample_rate)
         self._samples_sent = 0

@@ -51,6 +51,20 @@ class SampleFifo:
             return None
         return self._take(min(count, self.buffered_samples))
 
+    def peek(self, count: int) -> np.ndarray:
+        """The oldest `count` samples (at most what is buffered), left queued."""
+        parts = []
+        needed = min(count, self.buffered_samples)
+        offset = self._head_offset
+        for chunk in self._chunks:
+            if not needed:
+                break
+            take = min(needed, len(chunk) - offset)
+            parts.append(chunk[offset : offset + take])
+            needed -= take
+            offset = 0
+        return np.concatenate(parts) if parts else np.zeros(0, dtype=np.float32)
+
     def discard(self, count: int) -> None:
         """Drop the oldest `count` samples (at most what is buffered)."""
         count = min(count, self.buffered_samples)

@@ -31,8 +31,10 @@ T = TypeVar("T")
 
 # Caller audio is trimmed so that no more than needed waits for the next tick: every window
 # of ticks, the smallest amount left over after a step (audio that waited a whole period for
-# nothing) is dropped, in 10 ms granules. After a tick that had to pad a late frame, trimming
-# pauses for a while: that cushion was earned by real network jitter.
+# nothing) is dropped, in 20 ms granules. After a tick that had to pad a late frame of a
+# flowing stream, up to one frame of that backlog is kept for a while: that cushion was
+# earned by real network jitter. (A stream's first frame after silence is usually partial;
+# it says nothing about jitter. A stall of our own leaves a backlog but pads nothing.)
 TRIM_WINDOW_TICKS = 25
 TRIM_HOLD_TICKS = 125
 
@@ -91,6 +93,7 @@ class TickedSession:
         self._window_ticks = 0
         self._window_min_residual: int | None = None
         self._hold_ticks = 0
+        self._flowing = False  # the last tick's frame was all caller audio
 
     @property
     def config(self) -> RuntimeConfig:
@@ -111,11 +114,13 @@ class TickedSession:
             frame = silence
         elif len(audio) < self.frame_size:
             self.counters.padded += 1
-            self._hold_ticks = TRIM_HOLD_TICKS
+            if self._flowing:
+                self._hold_ticks = TRIM_HOLD_TICKS
             frame = silence.copy()
             frame[: len(audio)] = audio
         else:
             frame = audio
+        self._flowing = audio is not None and len(audio) == self.frame_size
         self._trim_standing_backlog()
         return frame
 
@@ -128,8 +133,11 @@ class TickedSession:
         self._window_ticks += 1
         if self._window_ticks < TRIM_WINDOW_TICKS:
             return
-        excess = (self._window_min_residual // self.trim_granule) * self.trim_granule
-        if excess and not self._hold_ticks:
+        standing = self._window_min_residual
+        if self._hold_ticks:
+            standing -= self.frame_size  # the cushion kept while jitter is fresh
+        excess = (max(0, standing) // self.trim_granule) * self.trim_granule
+        if excess:
             self.inbound.discard(excess)
             self.counters.dropped_backlog_samples += excess
         self._window_ticks = 0

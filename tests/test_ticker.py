@@ -180,13 +180,59 @@ async def test_jitter_cushion_is_kept_after_a_late_frame() -> None:
     ticked = await ticker.open_session(RuntimeConfig(voice="a"), lambda o: None)
     await ticker.close()
     silence = plugin.silence_frame()
-    ticked.push(frame(1.0)[:2])  # half a frame, then the rest arrives late
+    for _ in range(3):  # the stream flows ...
+        ticked.push(frame(1.0))
+        ticked.take(silence)
+    ticked.push(frame(1.0)[:2])  # ... then half a frame, and the rest arrives late
     ticked.take(silence)
     for _ in range(TRIM_WINDOW_TICKS * 3):
         ticked.push(frame(1.0))
         ticked.take(silence)
     assert ticked.counters.padded == 1
     assert ticked.counters.dropped_backlog_samples == 0
+
+
+async def test_a_stream_start_earns_no_cushion_and_a_stall_backlog_is_dropped() -> None:
+    clock = FakeClock()
+    plugin = RecordingPlugin(clock)
+    ticker = Ticker(plugin, clock=clock, inbound_capacity=10)
+    ticked = await ticker.open_session(RuntimeConfig(voice="a"), lambda o: None)
+    await ticker.close()
+    silence = plugin.silence_frame()
+    ticked.push(frame(1.0)[:1])  # a stream's first frame is partial: no jitter shown yet
+    ticked.take(silence)
+    for _ in range(4):  # a stall of ours: 4 frames queue up, nothing is padded
+        ticked.push(frame(2.0))
+    for _ in range(TRIM_WINDOW_TICKS * 2):
+        ticked.push(frame(1.0))
+        ticked.take(silence)
+    assert ticked.counters.padded == 1
+    assert ticked.counters.dropped_backlog_samples == 4 * FRAME
+    assert ticked.inbound.buffered_samples == 0
+
+
+async def test_a_cushion_is_at_most_one_frame() -> None:
+    clock = FakeClock()
+    plugin = RecordingPlugin(clock)
+    ticker = Ticker(plugin, clock=clock, inbound_capacity=10)
+    ticked = await ticker.open_session(RuntimeConfig(voice="a"), lambda o: None)
+    await ticker.close()
+    silence = plugin.silence_frame()
+    ticked.push(frame(1.0)[:1])  # a stream's first frame is partial: no jitter shown yet
+    ticked.take(silence)
+    ticked.push(frame(1.0))
+    ticked.take(silence)
+    ticked.push(frame(1.0)[:2])  # a late frame while flowing: a cushion is earned ...
+    ticked.take(silence)
+    for _ in range(4):  # ... and then a stall of ours leaves 4 frames queued
+        ticked.push(frame(2.0))
+    for _ in range(TRIM_WINDOW_TICKS * 2):
+        ticked.push(frame(1.0))
+        ticked.take(silence)
+    assert ticked.counters.padded == 2
+    # Within the hold, the backlog beyond one frame is dropped at the first whole window.
+    assert ticked.counters.dropped_backlog_samples == 3 * FRAME
+    assert ticked.inbound.buffered_samples == FRAME
 
 
 async def test_restart_clears_queue_and_restarts_plugin_session(clock: FakeClock) -> None:

@@ -68,6 +68,7 @@ class TelephonyLeg:
         self.chunk_samples = int(rate * PTIME)
         self.resampler = ChunkResampler(rate, codec.sample_rate)
         self.pacer = Pacer(MonotonicClock(), PTIME)
+        self.playout.follow(self.pacer, rate)
         self.ticked: TickedSession | None = None
         self.session_config = SessionConfig()
         # Recent session events (DTMF, errors) in the OpenAI Realtime shape, for observers.
@@ -260,6 +261,7 @@ class TelephonyLeg:
                 "dropped_samples": self.playout.dropped_samples,
                 "underrun_chunks": self.playout.underrun_chunks,
                 "reanchors": self.pacer.reanchors,
+                "trimmed_ms": round(self.playout.trimmed_samples / rate * 1000, 1),
             },
             "events": [event["type"] for event in self.events],
         }
