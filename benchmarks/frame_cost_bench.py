@@ -12,6 +12,7 @@ converted to s16. Target: under 0.5 ms per frame per call.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import sys
 import time
 from pathlib import Path
@@ -21,8 +22,10 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
+from agent.clock import FakeClock
 from agent.framing import FrameAssembler
 from agent.outbound import float_to_s16
+from agent.pacer import Pacer
 from agent.playout import PlayoutBuffer
 from agent.plugins.base import RuntimeConfig
 from agent.plugins.echo import EchoPlugin
@@ -49,7 +52,11 @@ def run(calls: int, frames: int) -> float:
     for _ in range(calls):
         session = plugin.create_session(RuntimeConfig())
         seat = TickedSession(session, 1920, 3, lambda output: None, None)
-        seats.append((seat, FrameAssembler(24000, None), PlayoutBuffer(48000)))
+        playout = PlayoutBuffer(48000)
+        pacer = Pacer(FakeClock(), 0.02)
+        asyncio.run(pacer.wait_next())  # a started timeline, so pushes run the trim check
+        playout.follow(pacer, 24000)
+        seats.append((seat, FrameAssembler(24000, None), playout))
     started = time.perf_counter()
     for index in range(frames):
         for seat, assembler, _ in seats:
