@@ -2,11 +2,10 @@
 
 When the model's output comes late (a slow step, a GC pause), the pacer sends silence and
 everything after it plays that much later: without a remedy the call keeps that extra
-delay for good. So the buffer watches how long each new output waits before its first
-sample is sent, and every window of pushes drops, in silence, the whole 20 ms chunks that
-even the most pressed output of the window did not need. Only silent audio is ever dropped
-(the agent's pauses, not its words). After an underrun, up to one model frame of that wait
-is kept for a while: that cushion was earned by real lateness of the model's steps.
+delay for good. So the buffer records how long each new output waits before its first
+sample is sent, and drops the whole 20 ms chunks of wait that no output in a window needed
+(standing_backlog.py), keeping up to one 80 ms model frame as a cushion for a while after an
+underrun. Only silent audio is ever dropped: the agent's pauses, not its words.
 """
 
 from __future__ import annotations
@@ -15,6 +14,7 @@ import numpy as np
 
 from .pacer import Pacer
 from .sample_fifo import SampleFifo
+from .standing_backlog import StandingBacklog
 
 TRIM_WINDOW_PUSHES = 25  # 2 s of 80 ms outputs
 TRIM_HOLD_PUSHES = 125  # 10 s with a cushion after an underrun
@@ -30,64 +30,56 @@ class PlayoutBuffer(SampleFifo):
         self.trimmed_samples = 0
         self._pacer: Pacer | None = None
         self._sample_rate = 0
-        self._chunk = 0
+        self._backlog: StandingBacklog | None = None
         self._primed = False  # an output arrived since the start or the last clear
-        self._window_pushes = 0
-        self._window_min_slack: int | None = None
-        self._hold_pushes = 0
         self._pending_trim = 0
 
     def follow(self, pacer: Pacer, sample_rate: int) -> None:
         """Trim against this pacer's send times (without one the buffer never trims)."""
         self._pacer = pacer
         self._sample_rate = sample_rate
-        self._chunk = round(pacer.period * sample_rate)
+        self._backlog = StandingBacklog(
+            TRIM_WINDOW_PUSHES, TRIM_HOLD_PUSHES, granule=round(pacer.period * sample_rate),
+            cushion=int(HOLD_CUSHION_SECONDS * sample_rate),
+        )
+
+    @property
+    def holding_cushion(self) -> bool:
+        """A late output was seen recently: up to one frame of wait is being kept."""
+        return self._backlog is not None and self._backlog.holding
 
     def push(self, samples: np.ndarray) -> None:
         if len(samples) == 0:
             return
-        self._observe_slack()
+        self._observe_wait()
         super().push(samples)
         self._primed = True
 
     def pop(self, count: int) -> np.ndarray | None:
         self._trim_if_silent()
         audio = super().pop(count)
-        if audio is None and self._primed:
+        if audio is None and self._primed and self._backlog is not None:
             # Output came late: keep the delay this cost as a cushion for a while.
-            self._hold_pushes = TRIM_HOLD_PUSHES
+            self._backlog.lateness_seen()
             self._pending_trim = 0
         return audio
 
     def clear(self) -> int:
         self._primed = False
         self._pending_trim = 0
-        self._window_pushes = 0
-        self._window_min_slack = None
+        if self._backlog is not None:
+            self._backlog.restart_window()
         return super().clear()
 
-    def _observe_slack(self) -> None:
+    def _observe_wait(self) -> None:
         """Before a push: samples of wait ahead of it (queued audio + time to the next send)."""
-        pacer = self._pacer
-        if pacer is None or not self._primed or pacer.next_due is None:
+        pacer, backlog = self._pacer, self._backlog
+        if pacer is None or backlog is None or not self._primed or pacer.next_due is None:
             return
         lead = max(0.0, pacer.next_due - pacer.clock.now())
-        slack = self.buffered_samples + int(lead * self._sample_rate)
-        if self._window_min_slack is None or slack < self._window_min_slack:
-            self._window_min_slack = slack
-        if self._hold_pushes:
-            self._hold_pushes -= 1
-        self._window_pushes += 1
-        if self._window_pushes < TRIM_WINDOW_PUSHES:
-            return
-        standing = self._window_min_slack
-        if self._hold_pushes:
-            standing -= int(HOLD_CUSHION_SECONDS * self._sample_rate)
-        excess = (max(0, standing) // self._chunk) * self._chunk
+        excess = backlog.observe(self.buffered_samples + int(lead * self._sample_rate))
         if excess:
             self._pending_trim = excess
-        self._window_pushes = 0
-        self._window_min_slack = None
 
     def _trim_if_silent(self) -> None:
         count = self._pending_trim

@@ -23,18 +23,17 @@ import numpy as np
 
 from .clock import Clock, MonotonicClock
 from .sample_fifo import SampleFifo
+from .standing_backlog import StandingBacklog
 from .plugins.base import Plugin, PluginError, PluginSession, RuntimeConfig, StepOutput
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-# Caller audio is trimmed so that no more than needed waits for the next tick: every window
-# of ticks, the smallest amount left over after a step (audio that waited a whole period for
-# nothing) is dropped, in 20 ms granules. After a tick that had to pad a late frame of a
-# flowing stream, up to one frame of that backlog is kept for a while: that cushion was
-# earned by real network jitter. (A stream's first frame after silence is usually partial;
-# it says nothing about jitter. A stall of our own leaves a backlog but pads nothing.)
+# Caller audio that waited a whole window of ticks for nothing is dropped (20 ms granules,
+# see standing_backlog.py). A late frame of a flowing stream earns a cushion of up to one
+# frame; a stream's first frame after silence is usually partial and says nothing about
+# jitter, and a stall of our own leaves a backlog but pads nothing.
 TRIM_WINDOW_TICKS = 25
 TRIM_HOLD_TICKS = 125
 
@@ -85,14 +84,13 @@ class TickedSession:
         self.plugin_session = plugin_session
         self.frame_size = frame_size
         self.inbound = SampleFifo(frame_size * inbound_capacity_frames)
-        self.trim_granule = max(1, frame_size // 4)
+        self.backlog = StandingBacklog(
+            TRIM_WINDOW_TICKS, TRIM_HOLD_TICKS, granule=frame_size // 4, cushion=frame_size
+        )
         self.on_output = on_output
         self.on_error = on_error
         self.counters = SessionCounters()
         self.closed = False
-        self._window_ticks = 0
-        self._window_min_residual: int | None = None
-        self._hold_ticks = 0
         self._flowing = False  # the last tick's frame was all caller audio
 
     @property
@@ -115,33 +113,17 @@ class TickedSession:
         elif len(audio) < self.frame_size:
             self.counters.padded += 1
             if self._flowing:
-                self._hold_ticks = TRIM_HOLD_TICKS
+                self.backlog.lateness_seen()
             frame = silence.copy()
             frame[: len(audio)] = audio
         else:
             frame = audio
         self._flowing = audio is not None and len(audio) == self.frame_size
-        self._trim_standing_backlog()
-        return frame
-
-    def _trim_standing_backlog(self) -> None:
-        residual = self.inbound.buffered_samples
-        if self._window_min_residual is None or residual < self._window_min_residual:
-            self._window_min_residual = residual
-        if self._hold_ticks:
-            self._hold_ticks -= 1
-        self._window_ticks += 1
-        if self._window_ticks < TRIM_WINDOW_TICKS:
-            return
-        standing = self._window_min_residual
-        if self._hold_ticks:
-            standing -= self.frame_size  # the cushion kept while jitter is fresh
-        excess = (max(0, standing) // self.trim_granule) * self.trim_granule
+        excess = self.backlog.observe(self.inbound.buffered_samples)
         if excess:
             self.inbound.discard(excess)
             self.counters.dropped_backlog_samples += excess
-        self._window_ticks = 0
-        self._window_min_residual = None
+        return frame
 
 
 class Ticker:

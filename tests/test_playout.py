@@ -85,4 +85,8 @@ async def test_clear_forgets_the_window_and_underruns_after_it_earn_no_hold() ->
     playout.push(np.zeros(FRAME, dtype=np.float32))
     assert playout.clear() == FRAME
     assert playout.pop(CHUNK) is None  # nothing to play after a barge-in: not lateness
-    assert playout._hold_pushes == 0
+    assert not playout.holding_cushion
+    playout.push(np.zeros(FRAME, dtype=np.float32))
+    playout.pop(FRAME)
+    assert playout.pop(CHUNK) is None  # an output was late: that is lateness
+    assert playout.holding_cushion

@@ -10,7 +10,7 @@ from agent.clock import FakeClock
 from agent.plugins.base import (
     Capabilities, Plugin, PluginSession, RuntimeConfig, SessionConfig, StepOutput,
 )
-from agent.ticker import TRIM_WINDOW_TICKS, Ticker
+from agent.ticker import TRIM_WINDOW_TICKS, TickedSession, Ticker
 
 FRAME = 4  # tiny frames keep the arithmetic readable: 4 samples at 50 Hz = 80 ms
 
@@ -61,6 +61,16 @@ async def wait_for_ticks(plugin: RecordingPlugin, count: int, timeout: float = 2
         if asyncio.get_running_loop().time() > deadline:
             raise AssertionError(f"only {len(plugin.batches)} ticks")
         await asyncio.sleep(0.001)
+
+
+async def stopped_seat() -> tuple[TickedSession, np.ndarray]:
+    """A session's seat on a stopped ticker (room for 10 frames): tests call `take` by hand."""
+    clock = FakeClock()
+    plugin = RecordingPlugin(clock)
+    ticker = Ticker(plugin, clock=clock, inbound_capacity=10)
+    ticked = await ticker.open_session(RuntimeConfig(voice="a"), lambda o: None)
+    await ticker.close()
+    return ticked, plugin.silence_frame()
 
 
 @pytest.fixture
@@ -156,12 +166,7 @@ async def test_frames_are_cut_from_any_chunking_and_padded_when_late() -> None:
 
 
 async def test_standing_backlog_is_trimmed() -> None:
-    clock = FakeClock()
-    plugin = RecordingPlugin(clock)
-    ticker = Ticker(plugin, clock=clock, inbound_capacity=10)
-    ticked = await ticker.open_session(RuntimeConfig(voice="a"), lambda o: None)
-    await ticker.close()
-    silence = plugin.silence_frame()
+    ticked, silence = await stopped_seat()
     # A burst left two extra frames queued; the caller keeps sending one frame per tick.
     ticked.push(frame(0.0))
     ticked.push(frame(0.0))
@@ -174,12 +179,7 @@ async def test_standing_backlog_is_trimmed() -> None:
 
 
 async def test_jitter_cushion_is_kept_after_a_late_frame() -> None:
-    clock = FakeClock()
-    plugin = RecordingPlugin(clock)
-    ticker = Ticker(plugin, clock=clock, inbound_capacity=10)
-    ticked = await ticker.open_session(RuntimeConfig(voice="a"), lambda o: None)
-    await ticker.close()
-    silence = plugin.silence_frame()
+    ticked, silence = await stopped_seat()
     for _ in range(3):  # the stream flows ...
         ticked.push(frame(1.0))
         ticked.take(silence)
@@ -192,47 +192,27 @@ async def test_jitter_cushion_is_kept_after_a_late_frame() -> None:
     assert ticked.counters.dropped_backlog_samples == 0
 
 
-async def test_a_stream_start_earns_no_cushion_and_a_stall_backlog_is_dropped() -> None:
-    clock = FakeClock()
-    plugin = RecordingPlugin(clock)
-    ticker = Ticker(plugin, clock=clock, inbound_capacity=10)
-    ticked = await ticker.open_session(RuntimeConfig(voice="a"), lambda o: None)
-    await ticker.close()
-    silence = plugin.silence_frame()
+@pytest.mark.parametrize("late_frame, frames_dropped", [(False, 4), (True, 3)])
+async def test_a_stall_backlog_is_dropped_but_for_a_cushion_earned_by_jitter(
+    late_frame: bool, frames_dropped: int,
+) -> None:
+    ticked, silence = await stopped_seat()
     ticked.push(frame(1.0)[:1])  # a stream's first frame is partial: no jitter shown yet
     ticked.take(silence)
+    ticked.push(frame(1.0))
+    ticked.take(silence)
+    if late_frame:
+        ticked.push(frame(1.0)[:2])  # a late frame while flowing earns a cushion
+        ticked.take(silence)
     for _ in range(4):  # a stall of ours: 4 frames queue up, nothing is padded
         ticked.push(frame(2.0))
     for _ in range(TRIM_WINDOW_TICKS * 2):
         ticked.push(frame(1.0))
         ticked.take(silence)
-    assert ticked.counters.padded == 1
-    assert ticked.counters.dropped_backlog_samples == 4 * FRAME
-    assert ticked.inbound.buffered_samples == 0
-
-
-async def test_a_cushion_is_at_most_one_frame() -> None:
-    clock = FakeClock()
-    plugin = RecordingPlugin(clock)
-    ticker = Ticker(plugin, clock=clock, inbound_capacity=10)
-    ticked = await ticker.open_session(RuntimeConfig(voice="a"), lambda o: None)
-    await ticker.close()
-    silence = plugin.silence_frame()
-    ticked.push(frame(1.0)[:1])  # a stream's first frame is partial: no jitter shown yet
-    ticked.take(silence)
-    ticked.push(frame(1.0))
-    ticked.take(silence)
-    ticked.push(frame(1.0)[:2])  # a late frame while flowing: a cushion is earned ...
-    ticked.take(silence)
-    for _ in range(4):  # ... and then a stall of ours leaves 4 frames queued
-        ticked.push(frame(2.0))
-    for _ in range(TRIM_WINDOW_TICKS * 2):
-        ticked.push(frame(1.0))
-        ticked.take(silence)
-    assert ticked.counters.padded == 2
-    # Within the hold, the backlog beyond one frame is dropped at the first whole window.
-    assert ticked.counters.dropped_backlog_samples == 3 * FRAME
-    assert ticked.inbound.buffered_samples == FRAME
+    assert ticked.counters.padded == 1 + late_frame
+    # At the first whole window the backlog is dropped, but for at most one frame of cushion.
+    assert ticked.counters.dropped_backlog_samples == frames_dropped * FRAME
+    assert ticked.inbound.buffered_samples == (4 - frames_dropped) * FRAME
 
 
 async def test_restart_clears_queue_and_restarts_plugin_session(clock: FakeClock) -> None:
