@@ -159,8 +159,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         log.info("API key required (%d key(s)); ephemeral secrets last %g s by default",
                  len(auth_settings.api_keys), auth_settings.secret_ttl_seconds)
     scheme = "https" if ssl_context else "http"
-    log.info("serving plugin %s on %s://%s:%d", plugin.id, scheme, args.host, args.port)
-    web.run_app(app, host=args.host, port=args.port, ssl_context=ssl_context, print=None,
+
+    def listening(_: str) -> None:  # aiohttp calls this once the socket accepts connections
+        log.info("serving plugin %s on %s://%s:%d", plugin.id, scheme, args.host, args.port)
+
+    web.run_app(app, host=args.host, port=args.port, ssl_context=ssl_context, print=listening,
                 handle_signals=True)
     log.info("stopped")
     return 0
