@@ -17,9 +17,7 @@ from agent.call import CallSettings
 from agent.media_agent import AgentSettings
 from agent.telephony.codec import L16_16K, PCMU, NarrowbandCodec
 from agent.telephony.rtp_leg import RtpSettings
-from agent.telephony.telephone_event import (
-    TelephoneEvent, TelephoneEventDetector, parse_telephone_event, telephone_event_payload,
-)
+from agent.telephony.telephone_event import telephone_event_payload
 from agent.testsignal import make_test_signal, measure_echo
 from signaling.telephony import TelephonyConfig
 from keypad_plugin import KeypadEchoPlugin
@@ -295,18 +293,3 @@ async def test_rfc4733_key_presses_become_dtmf_events(start_agent: AgentFactory)
     assert stats["packets_other_payload"] == 0
     # The audio around the digits was taken as audio, the digits were not.
     assert stats["jitter"]["received"] == 20 + 15
-
-
-def test_telephone_event_detector_reports_each_press_once() -> None:
-    detector = TelephoneEventDetector()
-    seen = [detector.feed(ts, telephone_event_payload(d, end=end, duration=dur))
-            for ts, d, end, dur in [(100, "5", False, 160), (100, "5", False, 320),
-                                    (100, "5", True, 480), (100, "5", True, 480),
-                                    (900, "*", True, 160), (100, "5", True, 480),
-                                    (1700, "D", False, 160)]]
-    assert seen == ["5", None, None, None, "*", None, "D"]
-    assert detector.feed(2000, b"\x01\x00") is None  # too short
-    assert detector.feed(2100, bytes([20, 0x80, 0, 160])) is None  # not a keypad event
-    assert detector.ignored == 2
-    event = parse_telephone_event(telephone_event_payload("#", end=True, duration=1234, volume=7))
-    assert event == TelephoneEvent(digit="#", end=True, volume=7, duration=1234)
