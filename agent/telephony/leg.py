@@ -60,6 +60,7 @@ class TelephonyLeg:
         self.capabilities = self.plugin.capabilities()
         self.codec = codec
         self.dtmf_budget = TokenBucket(DTMF_RATE, DTMF_BURST)
+        self.dtmf_refused = 0
         rate = self.capabilities.sample_rate
         # No re-chunking: the ticker cuts its frames from whatever arrived (see
         # Call._read_inbound), so a packet is not held back by the resampler's filter delay.
@@ -232,6 +233,13 @@ class TelephonyLeg:
 
     # -- caller events ----------------------------------------------------------------------
 
+    def admit_dtmf(self) -> bool:
+        """Whether one more keypad digit fits the rate limit (a refusal is counted)."""
+        if self.dtmf_budget.take():
+            return True
+        self.dtmf_refused += 1
+        return False
+
     async def dtmf(self, digit: str) -> None:
         """A keypad digit from the caller: a session event, and the plugin's hook."""
         self.events.append(
@@ -263,5 +271,6 @@ class TelephonyLeg:
                 "reanchors": self.pacer.reanchors,
                 "trimmed_ms": round(self.playout.trimmed_samples / rate * 1000, 1),
             },
+            "dtmf_refused": self.dtmf_refused,
             "events": [event["type"] for event in self.events],
         }

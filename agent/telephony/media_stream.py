@@ -175,7 +175,7 @@ class MediaStreamSession(TelephonyLeg):
             raise ProtocolError("invalid_dtmf", "'dtmf.digit' must be one of 0-9, *, #, A-D")
         if not self.started:
             raise ProtocolError("not_started", "'dtmf' before 'start'")
-        if not self.dtmf_budget.take():
+        if not self.admit_dtmf():
             raise ProtocolError(
                 "rate_limited", f"at most {DTMF_RATE:g} DTMF digits a second (bursts of {DTMF_BURST})")
         await self.dtmf(digit.upper())

@@ -139,7 +139,6 @@ class RtpLeg(TelephonyLeg):
         self.packets_sent = 0
         self.dtmf_payload_type = dtmf_payload_type
         self.telephone_events = TelephoneEventDetector()
-        self.dtmf_refused = 0
         self._payload_type = (
             codec.payload_type if codec.payload_type is not None else DEFAULT_DYNAMIC_PAYLOAD_TYPE
         )
@@ -167,10 +166,10 @@ class RtpLeg(TelephonyLeg):
             self.packets_malformed += 1
             return
         if packet.payload_type == self.dtmf_payload_type:
-            self._on_telephone_event(source, packet)
+            self._on_telephone_event(packet)
             return
         if not self._accepts_payload_type(packet.payload_type):
-            self.packets_other_payload += 1  # comfort noise, telephone-event, RTCP, ...
+            self.packets_other_payload += 1  # comfort noise, RTCP, unasked-for events, ...
             return
         if self.remote is None:
             self.remote = source
@@ -184,17 +183,15 @@ class RtpLeg(TelephonyLeg):
             self.media_started_at = self.last_inbound_at
         self.jitter.push(packet.sequence_number, packet.payload)
 
-    def _on_telephone_event(self, source: Address, packet: RtpPacket) -> None:
+    def _on_telephone_event(self, packet: RtpPacket) -> None:
         if self.remote is None:
             self.packets_other_payload += 1  # latching: only the audio's sender is the caller
             return
         digit = self.telephone_events.feed(packet.timestamp, packet.payload)
         if digit is None:
             return
-        if not self.dtmf_budget.take():
-            self.dtmf_refused += 1
-            return
-        self.spawn(self.dtmf(digit), "dtmf")
+        if self.admit_dtmf():
+            self.spawn(self.dtmf(digit), "dtmf")
 
     def _accepts_payload_type(self, payload_type: int) -> bool:
         if self.codec.payload_type is not None:
@@ -245,7 +242,6 @@ class RtpLeg(TelephonyLeg):
             "packets_other_payload": self.packets_other_payload,
             "dtmf_payload_type": self.dtmf_payload_type,
             "telephone_event_packets": self.telephone_events.packets,
-            "dtmf_refused": self.dtmf_refused,
             "jitter": self.jitter.stats.to_dict(),
         }
 

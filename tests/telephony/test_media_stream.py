@@ -398,6 +398,7 @@ async def test_dtmf_flood_is_rate_limited_and_the_stream_goes_on(start_agent: Ag
         await wait_until(lambda: len(plugin.digits) + len(bridge.errors) == 200)
         (session,) = running.agent.sessions.values()
         assert session.closing is False
+        assert session.stats()["dtmf_refused"] == len(bridge.errors)
         await _stream_silence(bridge, 0.5)  # media is still taken after the flood
         await bridge.send({"event": "stop", "streamSid": bridge.stream_sid})
         await bridge.finished()
