@@ -1,4 +1,4 @@
-"""Load a tiny checkpoint's models and step them (shared by the stepper and prompt tests)."""
+"""Shared by the PersonaPlex tests: a tiny LM config, a tiny checkpoint's models, test input."""
 
 from __future__ import annotations
 
@@ -15,6 +15,32 @@ from agent.plugins.personaplex.lm import LMModel
 from agent.plugins.personaplex.mimi import MimiModel
 from agent.plugins.personaplex.policy import DEFAULT_PERSONA
 from agent.plugins.personaplex.prompt import PromptPlan, VoicePrompt, persona_tokens
+
+
+# A Moshi-layout LM (dep_q 8) small enough to step on CPU in milliseconds; a context of 8
+# frames so slots at different positions all wrap the ring KV cache during a test.
+TINY_LM_KWARGS: dict[str, Any] = dict(
+    dim=32,
+    text_card=50,
+    n_q=16,
+    dep_q=8,
+    card=40,
+    num_heads=4,
+    num_layers=2,
+    hidden_scale=4.125,
+    context=8,
+    gating="silu",
+    norm="rms_norm_f32",
+    positional_embedding="rope",
+    depformer_dim=24,
+    depformer_num_heads=4,
+    depformer_num_layers=1,
+    depformer_multi_linear=True,
+    depformer_gating="silu",
+    depformer_pos_emb="none",
+    depformer_weights_per_step=True,
+    delays=[0, 0, 1, 1, 1, 1, 1, 1, 1, 0, 1, 1, 1, 1, 1, 1, 1],
+)
 
 
 @dataclass

@@ -12,29 +12,10 @@ from agent.plugins.personaplex import streaming
 from agent.plugins.personaplex.lm import LMModel
 from agent.plugins.personaplex.lm_graph import GraphedLMStep
 from agent.plugins.personaplex.lm_stepper import LMStepOutput, LMStepper
+from .helpers import TINY_LM_KWARGS
 
-CONFIG: dict[str, Any] = dict(
-    dim=32,
-    text_card=50,
-    n_q=16,
-    dep_q=16,
-    card=40,
-    num_heads=4,
-    num_layers=2,
-    hidden_scale=4.125,
-    context=6,
-    gating="silu",
-    norm="rms_norm_f32",
-    positional_embedding="rope",
-    depformer_dim=24,
-    depformer_num_heads=4,
-    depformer_num_layers=1,
-    depformer_multi_linear=True,
-    depformer_gating="silu",
-    depformer_pos_emb="none",
-    depformer_weights_per_step=True,
-    delays=[0, 0, 1, 1, 1, 1, 1, 1, 1, 0, 1, 1, 1, 1, 1, 1, 1],
-)
+# The PersonaPlex layout, and a context short enough to wrap within a few steps.
+CONFIG: dict[str, Any] = {**TINY_LM_KWARGS, "dep_q": 16, "context": 6}
 
 
 def _lm(device: str = "cpu") -> LMModel:

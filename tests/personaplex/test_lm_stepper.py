@@ -11,29 +11,9 @@ import torch
 from agent.plugins.personaplex.lm import LMModel
 from agent.plugins.personaplex.lm_stepper import UNGENERATED, LMStepOutput, LMStepper
 from agent.plugins.personaplex.sampling import SamplingConfig
+from .helpers import TINY_LM_KWARGS
 
-CONFIG: dict[str, Any] = dict(
-    dim=32,
-    text_card=50,
-    n_q=16,
-    dep_q=8,
-    card=40,
-    num_heads=4,
-    num_layers=2,
-    hidden_scale=4.125,
-    context=8,  # slots at different positions all wrap the ring during the tests
-    gating="silu",
-    norm="rms_norm_f32",
-    positional_embedding="rope",
-    depformer_dim=24,
-    depformer_num_heads=4,
-    depformer_num_layers=1,
-    depformer_multi_linear=True,
-    depformer_gating="silu",
-    depformer_pos_emb="none",
-    depformer_weights_per_step=True,
-    delays=[0, 0, 1, 1, 1, 1, 1, 1, 1, 0, 1, 1, 1, 1, 1, 1, 1],
-)
+CONFIG: dict[str, Any] = TINY_LM_KWARGS
 
 
 @pytest.fixture(scope="module")
