@@ -76,6 +76,12 @@ class SessionRecord:
     first_sent_at: float | None = None
     last_sent_at: float | None = None
 
+    def count_sent(self, loud: bool, now: float) -> None:
+        self.sent_chunks += 1
+        self.sent_loud += loud
+        self.first_sent_at = self.first_sent_at or now
+        self.last_sent_at = now
+
     def summary(self) -> dict[str, Any]:
         if not self.arrivals:
             return {"opened": self.opened, "error": self.error or "nothing received"}
@@ -172,10 +178,7 @@ async def run_media_stream_clients(url: str, count: int, seconds: float) -> list
                 except Exception as exc:  # noqa: BLE001
                     record.error = record.error or repr(exc)
                     continue
-                record.sent_chunks += 1
-                record.sent_loud += loud[chunk]
-                record.first_sent_at = record.first_sent_at or now
-                record.last_sent_at = now
+                record.count_sent(loud[chunk], now)
 
         await _pace(len(media), send_all)
         await asyncio.sleep(TAIL_SECONDS)
@@ -252,11 +255,7 @@ async def run_rtp_clients(url: str, count: int, seconds: float) -> list[dict[str
             for i in live:
                 clients[i].transport.sendto(  # type: ignore[union-attr]
                     packets[i][chunk], destinations[i])
-                record = records[i]
-                record.sent_chunks += 1
-                record.sent_loud += loud[chunk]
-                record.first_sent_at = record.first_sent_at or now
-                record.last_sent_at = now
+                records[i].count_sent(loud[chunk], now)
 
         await _pace(len(payloads), send_all)
         await asyncio.sleep(TAIL_SECONDS)
