@@ -15,6 +15,7 @@ from .call import Call, CallSettings, new_call_id
 from .errors import CallError
 from .plugins.base import Plugin, PluginError, SessionConfig
 from .rtc_tuning import (
+    accept_rsa_dtls_peers,
     decode_audio_inline,
     negotiated_codecs,
     restrict_codecs,
@@ -54,6 +55,7 @@ class MediaAgent:
     def __init__(self, plugin: Plugin, settings: AgentSettings | None = None) -> None:
         self.plugin = plugin
         self.settings = settings or AgentSettings()
+        accept_rsa_dtls_peers()
         self.ticker = Ticker(plugin)
         self.calls: dict[str, Call] = {}
         # Other legs on the same ticker; they count against the same admission limit.

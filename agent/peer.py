@@ -29,7 +29,7 @@ from .clock import MonotonicClock
 from .encoding import PTIME, InlineAudioEncoder
 from .outbound import float_to_s16
 from .pacer import Pacer
-from .rtc_tuning import limit_host_addresses
+from .rtc_tuning import accept_rsa_dtls_peers, limit_host_addresses
 from .testsignal import make_test_signal, measure_echo
 
 PEER_RATE = 48000
@@ -392,6 +392,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    accept_rsa_dtls_peers()
     if args.ice_host:
         limit_host_addresses(args.ice_host)
     signal = load_wav(args.play) if args.play else None

@@ -14,6 +14,7 @@ import av
 from aiortc import RTCRtpReceiver, RTCRtpTransceiver
 from aiortc.codecs import get_decoder
 from aiortc.jitterbuffer import JitterBuffer, JitterFrame
+from aiortc.rtcdtlstransport import RTCCertificate
 from aiortc.rtp import RtpPacket
 from aiortc.utils import uint16_add
 from aiortc.rtcrtpparameters import RTCRtpCodecParameters
@@ -182,3 +183,39 @@ def limit_host_addresses(addresses: list[str] | None) -> None:
         return [a for a in chosen if (":" in a and use_ipv6) or (":" not in a and use_ipv4)]
 
     aioice.ice.get_host_addresses = host_addresses
+
+
+# aiortc offers only ECDHE-ECDSA suites, so it can never agree with a DTLS server that holds
+# an RSA certificate (GStreamer's default, and several SIP-to-WebRTC gateways'): the handshake
+# fails with "no shared cipher" after the offer was already answered.
+DTLS_CIPHERS = (
+    b"ECDHE-ECDSA-AES128-GCM-SHA256:ECDHE-ECDSA-CHACHA20-POLY1305:"
+    b"ECDHE-ECDSA-AES128-SHA:ECDHE-ECDSA-AES256-SHA:"
+    b"ECDHE-RSA-AES128-GCM-SHA256:ECDHE-RSA-CHACHA20-POLY1305:"
+    b"ECDHE-RSA-AES128-SHA:ECDHE-RSA-AES256-SHA"
+)
+_original_ssl_context: Any = None
+
+
+def accept_rsa_dtls_peers() -> bool:
+    """Let DTLS agree with peers holding RSA certificates as well as ECDSA ones, in both roles.
+
+    Process-wide and idempotent. Returns False (and logs) when aiortc no longer builds its
+    context where this expects, leaving aiortc's own cipher list in place.
+    """
+    global _original_ssl_context
+    if _original_ssl_context is not None:
+        return True
+    original = getattr(RTCCertificate, "_create_ssl_context", None)
+    if original is None:
+        log.warning("aiortc internals changed: DTLS stays ECDSA-only (RSA peers will fail)")
+        return False
+
+    def create_ssl_context(self: RTCCertificate, srtp_profiles: list[Any]) -> Any:
+        context = original(self, srtp_profiles)
+        context.set_cipher_list(DTLS_CIPHERS)
+        return context
+
+    _original_ssl_context = original
+    RTCCertificate._create_ssl_context = create_ssl_context  # type: ignore[method-assign]
+    return True
