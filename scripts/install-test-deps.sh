@@ -3,9 +3,13 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# System packages: Chromium and Firefox for the browser tests, coturn for the TURN relay test.
+# System packages: Chromium and Firefox for the browser tests, coturn for the TURN relay test,
+# GStreamer's webrtcbin (driven from the system Python through PyGObject) and ffmpeg for the
+# interop tests against software nobody here wrote.
 missing=()
-for pkg in chromium firefox-esr coturn; do
+for pkg in chromium firefox-esr coturn ffmpeg python3-gi gir1.2-gstreamer-1.0 \
+    gir1.2-gst-plugins-base-1.0 gir1.2-gst-plugins-bad-1.0 gstreamer1.0-plugins-base \
+    gstreamer1.0-plugins-good gstreamer1.0-plugins-bad gstreamer1.0-nice; do
   dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
 done
 if [ "${#missing[@]}" -gt 0 ]; then
