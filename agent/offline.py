@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import sys
 import wave
 from pathlib import Path
@@ -21,6 +22,7 @@ from typing import Any
 import av
 import numpy as np
 
+from .cli_errors import CliError, exit_with_error
 from .plugins.base import PluginError, PluginOptions, SessionConfig
 from .plugins.registry import load_plugin
 
@@ -125,19 +127,47 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def check_output_path(path: str, flag: str) -> None:
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise CliError("output_unwritable", f"{flag} {path}: folder {folder} does not exist")
+    if os.path.isdir(path) or not os.access(folder, os.W_OK):
+        raise CliError("output_unwritable", f"{flag} {path}: cannot write there")
+
+
+def check_input_path(path: str) -> None:
+    if not os.path.exists(path):
+        raise CliError("input_not_found", f"--input {path}: no such file")
+    try:
+        with av.open(path) as container:
+            if not container.streams.audio:
+                raise CliError("input_unreadable", f"--input {path}: the file has no audio")
+    except (OSError, av.error.FFmpegError):
+        raise CliError("input_unreadable", f"--input {path}: not a readable audio file") from None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.seed is not None and not args.sample:
         parser.error("--seed only applies with --sample (greedy decoding has no randomness)")
     try:
+        # Checked before the model loads, so a typo does not cost a model load.
+        check_input_path(args.input)
+        for flag, path in (("--output", args.output), ("--text", args.text),
+                           ("--tokens", args.tokens)):
+            if path:
+                check_output_path(path, flag)
         summary = run(args)
+    except CliError as exc:
+        exit_with_error(exc.code, exc.message)
     except PluginError as exc:
-        print(f"error [{exc.code}]: {exc.message}", file=sys.stderr)
-        return 2
-    except (OSError, av.error.FFmpegError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        exit_with_error(exc.code, exc.message, cause=exc)
+    except OSError as exc:
+        where = f" ({exc.filename})" if exc.filename else ""
+        exit_with_error("io_error", f"{exc.strerror or exc}{where}", cause=exc)
+    except av.error.FFmpegError as exc:
+        exit_with_error("audio_unreadable", "the audio could not be decoded", cause=exc)
     print(f"{summary['frames']} frames -> {args.output}")
     return 0
 
