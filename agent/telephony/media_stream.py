@@ -25,6 +25,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
+from .. import client_json
 from ..plugins.base import PluginError, SessionConfig
 from .codec import PCMA, PCMU, NarrowbandCodec
 from .leg import DTMF_BURST, DTMF_DIGITS, DTMF_RATE, TelephonyLeg
@@ -231,9 +232,9 @@ def parse_message(raw: str | bytes) -> dict[str, Any]:
         raise ProtocolError("message_too_large",
                             f"messages are limited to {MAX_MESSAGE_BYTES} bytes")
     try:
-        message = json.loads(raw)
-    except json.JSONDecodeError as exc:
-        raise ProtocolError("invalid_json", f"message is not valid JSON: {exc.msg}") from None
+        message = client_json.loads(raw)
+    except client_json.ClientJsonError as exc:
+        raise ProtocolError("invalid_json", f"message is not valid JSON: {exc}") from None
     if not isinstance(message, dict):
         raise ProtocolError("invalid_message", "a message must be a JSON object")
     if not isinstance(message.get("event"), str):
@@ -269,8 +270,8 @@ def session_config_from_parameters(parameters: dict[str, Any]) -> SessionConfig:
     extra_body: Any = parameters.get("extra_body")
     if isinstance(extra_body, str):
         try:
-            extra_body = json.loads(extra_body)
-        except json.JSONDecodeError:
+            extra_body = client_json.loads(extra_body)
+        except client_json.ClientJsonError:
             raise PluginError("invalid_session",
                               "customParameters.extra_body must be a JSON object",
                               param="customParameters.extra_body") from None
