@@ -14,6 +14,7 @@ from agent.media_agent import DEFAULT_CODECS, AgentSettings, MediaAgent
 from agent.call import CallSettings
 from agent.plugins.base import PluginError, PluginOptions
 from agent.plugins.registry import available_plugins, load_plugin
+from agent.redact import RedactingFilter
 from agent.rtc_tuning import limit_host_addresses, parse_codec_list
 
 from . import auth, cors, ice, telephony
@@ -131,6 +132,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    # Every line goes through redaction: upstream URLs carry credentials, and request lines
+    # carry media-stream keys (`?token=KEY` or a last path segment).
+    media_stream_path = "/" + args.media_stream_path.lstrip("/")
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(RedactingFilter([media_stream_path]))
     # aioice logs every candidate pair check at INFO: one line per call is enough here.
     logging.getLogger("aioice").setLevel(max(logging.WARNING, logging.getLogger().level))
     try:
