@@ -16,6 +16,8 @@ import re
 from collections.abc import Iterable
 from urllib.parse import unquote
 
+from .log_safe import printable
+
 MASK = "***"
 # Parameter names whose values are secrets, compared after lowercasing and dropping - and _.
 SECRET_NAMES = frozenset({
@@ -67,7 +69,8 @@ def redact_text(text: str, secret_path_prefixes: Iterable[str] = ()) -> str:
 
 
 class RedactingFilter(logging.Filter):
-    """Attach to a handler: every record it writes is passed through redact_text."""
+    """Attach to a handler: every record it writes is passed through redact_text, and its
+    control characters are escaped (log_safe.printable), whatever logged it."""
 
     def __init__(self, secret_path_prefixes: Iterable[str] = ()) -> None:
         super().__init__()
@@ -75,7 +78,8 @@ class RedactingFilter(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         message = record.getMessage()
-        redacted = redact_text(message, self.prefixes)
+        redacted = printable(redact_text(message, self.prefixes), limit=None,
+                             backslashes=False)
         if redacted != message:
             record.msg, record.args = redacted, None
         return True

@@ -8,6 +8,7 @@ from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
+from agent.log_safe import printable
 from agent.media_agent import MediaAgent
 from agent.plugins.base import PluginError
 
@@ -40,7 +41,8 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status, "http_error")
         return json_error(exc.status, code, exc.reason, headers=_allow_header(exc))
     except Exception:
-        log.exception("unhandled error on %s %s", request.method, request.path)
+        log.exception("unhandled error on %s %s", printable(request.method),
+                      printable(request.path))
         return json_error(500, "internal_error", "the server failed to handle the request")
 
 

@@ -26,6 +26,7 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from .. import client_json
+from ..log_safe import printable
 from ..plugins.base import PluginError, SessionConfig
 from .codec import PCMA, PCMU, NarrowbandCodec
 from .leg import DTMF_BURST, DTMF_DIGITS, DTMF_RATE, TelephonyLeg
@@ -84,7 +85,7 @@ class MediaStreamSession(TelephonyLeg):
             await self._dispatch(message)
         except ProtocolError as exc:
             self.malformed_messages += 1
-            log.error("media stream %s: %s: %s", self.id, exc.code, exc.message)
+            log.error("media stream %s: %s: %s", self.id, exc.code, printable(exc.message))
             await self._send_error(exc.code, exc.message)
         except Exception:  # a bug here must not cost the caller the call
             log.exception("media stream %s: message handling failed", self.id)
@@ -130,7 +131,8 @@ class MediaStreamSession(TelephonyLeg):
             await self.open_session(session_config)
         except PluginError as exc:
             # Without a session the stream cannot do anything: say why, then hang up.
-            log.warning("media stream %s: start refused: %s: %s", self.id, exc.code, exc.message)
+            log.warning("media stream %s: start refused: %s: %s", self.id, exc.code,
+                        printable(exc.message))
             await self._send_error(exc.code, exc.message)
             close_code = CLOSE_TRY_AGAIN if exc.status == 503 else CLOSE_POLICY
             await self._close_socket(close_code, exc.code)
@@ -138,8 +140,8 @@ class MediaStreamSession(TelephonyLeg):
             return
         self.started = True
         self.start_sending()
-        log.info("media stream %s start stream=%s call=%s codec=%s", self.id, stream_sid,
-                 self.call_sid, codec.name)
+        log.info("media stream %s start stream=%s call=%s codec=%s", self.id,
+                 printable(stream_sid), printable(self.call_sid), codec.name)
 
     def _on_media(self, message: dict[str, Any]) -> None:
         if not self.started:

@@ -20,6 +20,7 @@ from typing import Any, ClassVar
 import aiohttp
 import numpy as np
 
+from ...log_safe import printable
 from ..base import (
     Capabilities,
     Plugin,
@@ -176,7 +177,7 @@ class RemotePlugin(Plugin):
                     self.pool.mark_full(lease.upstream)
                 else:
                     self.pool.mark_failed(lease.upstream, exc.code)
-                log.warning("upstream %s: %s: %s", lease.label, exc.code, exc.message)
+                log.warning("upstream %s: %s: %s", lease.label, exc.code, printable(exc.message))
                 last_error = exc
                 continue
             except BaseException:
