@@ -12,7 +12,7 @@ from agent.log_safe import printable
 from agent.media_agent import MediaAgent
 from agent.plugins.base import PluginError
 
-from . import health, offer, realtime_api, telephony
+from . import health, offer, realtime_api, slow_clients, telephony
 from .auth import AuthSettings
 from .errors import ApiError, from_plugin_error, json_error
 from .keys import AGENT_KEY
@@ -62,9 +62,12 @@ def create_app(
     agent: MediaAgent, *, max_body_bytes: int = MAX_BODY_BYTES,
     auth: AuthSettings | None = None, cors_origins: tuple[str, ...] = (),
     telephony_config: telephony.TelephonyConfig | None = None,
+    body_timeout: float = slow_clients.DEFAULT_BODY_TIMEOUT,
 ) -> web.Application:
-    app = web.Application(middlewares=[error_middleware], client_max_size=max_body_bytes)
+    app = web.Application(middlewares=[error_middleware, slow_clients.body_timeout_middleware],
+                          client_max_size=max_body_bytes)
     app[AGENT_KEY] = agent
+    slow_clients.setup(app, body_timeout)
     realtime_api.install(app, auth_settings=auth, cors_origins=cors_origins)
     offer.add_routes(app)
     health.add_routes(app)
