@@ -9,7 +9,6 @@ someone else's call gets the same 404 as an unknown id, so ids cannot be probed.
 
 from __future__ import annotations
 
-import json
 import secrets
 from dataclasses import dataclass
 from typing import Any

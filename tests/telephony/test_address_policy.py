@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import ipaddress
+
 import pytest
 
 from agent.telephony.address_policy import (
     DEFAULT_ALLOWED_NETWORKS, never_allowed_kind, parse_networks, refusal_for,
 )
-import ipaddress
 
 
 @pytest.mark.parametrize("host", [

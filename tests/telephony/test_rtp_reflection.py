@@ -13,7 +13,7 @@ from agent.telephony.address_policy import parse_networks
 from agent.telephony.rtp_leg import RtpSettings
 from signaling.__main__ import build_parser
 from signaling.telephony import TelephonyConfig, config_from_args
-from support import AgentFactory, RunningAgent
+from support import AgentFactory, RunningAgent, wait_until
 
 RTP_PATH = "/v1/telephony/rtp"
 
@@ -73,6 +73,8 @@ async def test_a_latching_leg_ignores_sources_outside_the_allow_list(
                                         timestamp=sequence * 160, ssrc=7,
                                         payload=b"\xff" * 160).serialize(), (host, int(port)))
                 await asyncio.sleep(0.02)
+            session = running.agent.sessions[leg["call_id"]]
+            await wait_until(lambda: session.stats()["packets_refused"] == 10)
             await asyncio.sleep(0.3)  # 15 ticks in which a latched leg would have answered
             url = f"{running.url}{RTP_PATH}/{leg['call_id']}"
             async with http.get(url) as response:
