@@ -19,7 +19,7 @@ from __future__ import annotations
 import argparse
 import logging
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from aiohttp import WSMsgType, web
 
@@ -118,6 +118,11 @@ async def post_rtp(request: web.Request) -> web.Response:
     codec = codec_from_request(body.get("codec", "PCMU"))
     dtmf_payload_type = dtmf_payload_type_from_request(body, codec)
     session = SessionConfig.from_json(body.get("session"))
+    strict = body.get("strict_remote_port", settings.strict_remote_port)
+    if not isinstance(strict, bool):
+        raise ApiError(400, "invalid_parameter", "'strict_remote_port' must be true or false",
+                       param="strict_remote_port")
+    settings = replace(settings, strict_remote_port=strict)
     leg = await open_rtp_leg(agent, remote, codec, session, settings, dtmf_payload_type)
     location = f"{RTP_PATH}/{leg.id}"
     return web.json_response(
@@ -196,7 +201,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        f"default {' '.join(DEFAULT_RTP_ALLOW)}; multicast, broadcast, "
                        "link-local and unspecified addresses are always refused)")
     group.add_argument("--rtp-jitter", type=int, default=3, metavar="PACKETS",
-                       help="RTP reorder depth in 20 ms packets (default 3)")
+                       help="RTP playout delay in 20 ms units, whatever the sender's packet "
+                       "duration (default 3)")
+    group.add_argument("--rtp-strict-remote-port", action="store_true",
+                       help="with a 'remote', take RTP only from that exact port (default: from "
+                       "its IP, on the first port it sends from)")
 
 
 def config_from_args(args: argparse.Namespace) -> TelephonyConfig:
@@ -210,5 +219,6 @@ def config_from_args(args: argparse.Namespace) -> TelephonyConfig:
         rtp=RtpSettings(bind_host=args.rtp_bind, advertised_host=advertised,
                         port_min=args.rtp_ports[0], port_max=args.rtp_ports[1],
                         jitter_packets=max(1, args.rtp_jitter),
+                        strict_remote_port=args.rtp_strict_remote_port,
                         allowed_networks=parse_networks(args.rtp_allow or DEFAULT_RTP_ALLOW)),
     )

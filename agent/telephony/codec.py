@@ -9,7 +9,7 @@ import numpy as np
 
 from . import g711
 
-PTIME = 0.02  # every leg sends and expects 20 ms of audio per message/packet
+PTIME = 0.02  # every leg sends 20 ms of audio per message/packet (RTP takes any duration in)
 
 
 def _l16_encode(samples: np.ndarray) -> bytes:
@@ -29,6 +29,11 @@ class NarrowbandCodec:
     payload_type: int | None  # static RTP payload type; None: dynamic (96-127)
     encode: Callable[[np.ndarray], bytes]  # int16 mono → payload
     decode: Callable[[bytes], np.ndarray]  # payload → int16 mono
+    bytes_per_sample: int = 1
+
+    def samples_in(self, payload: bytes) -> int:
+        """How many samples a payload carries (its duration, whatever the sender's ptime)."""
+        return len(payload) // self.bytes_per_sample
 
     @property
     def samples_per_chunk(self) -> int:
@@ -37,7 +42,7 @@ class NarrowbandCodec:
 
 PCMU = NarrowbandCodec("PCMU", 8000, 0, g711.mulaw_encode, g711.mulaw_decode)
 PCMA = NarrowbandCodec("PCMA", 8000, 8, g711.alaw_encode, g711.alaw_decode)
-L16_16K = NarrowbandCodec("L16/16000", 16000, None, _l16_encode, _l16_decode)
+L16_16K = NarrowbandCodec("L16/16000", 16000, None, _l16_encode, _l16_decode, bytes_per_sample=2)
 
 CODECS = {codec.name.lower(): codec for codec in (PCMU, PCMA, L16_16K)}
 

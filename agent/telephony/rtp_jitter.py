@@ -11,6 +11,7 @@ clock runs fast, or a burst) skips ahead so delay stays bounded.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -38,6 +39,7 @@ class JitterBuffer:
     def __init__(self, depth: int = 3, max_span: int | None = None) -> None:
         self.depth = max(1, depth)
         self.max_span = max_span if max_span is not None else 2 * self.depth + 2
+        self.prefetch_ticks = self.depth  # the longest a first packet waits for `depth` more
         self.stats = JitterStats()
         self._held: dict[int, bytes] = {}  # extended sequence number → payload
         self._next: int | None = None  # extended sequence number whose turn is next
@@ -98,7 +100,7 @@ class JitterBuffer:
             if not self._held:
                 return False, None
             self._prefetch_ticks += 1
-            if span < self.depth and self._prefetch_ticks < self.depth:
+            if span < self.depth and self._prefetch_ticks < self.prefetch_ticks:
                 return False, None
             self._playing = True
         if not self._held:
@@ -145,3 +147,62 @@ class Concealer:
             length = len(self._last) if self._last is not None else self.samples_per_packet
             return np.zeros(length, dtype=np.int16)
         return (self._last.astype(np.float32) * self.FADE[run]).astype(np.int16)
+
+
+class TickPlayout:
+    """Plays packets of any duration out as exact ticks of `chunk_samples` samples.
+
+    Carriers and PBXs send 10, 20, 30, 40 or 60 ms packets, and some senders (ffmpeg's
+    default μ-law: 185-186 samples) not even a whole number of milliseconds, or change ptime
+    mid-stream. Each tick takes packets from the jitter buffer only as far as the tick's
+    samples need, so any packet duration plays at the rate it arrives; the buffer's depth
+    follows the detected packet duration so its delay stays `depth_samples` of audio.
+    """
+
+    def __init__(self, buffer: JitterBuffer, concealer: Concealer, chunk_samples: int,
+                 depth_samples: int) -> None:
+        self.buffer = buffer
+        self.concealer = concealer
+        self.chunk_samples = chunk_samples
+        self.depth_samples = depth_samples
+        self.packet_samples: int | None = None  # the most common packet duration so far
+        self._size_counts: dict[int, int] = {}
+        self._pending = np.zeros(0, dtype=np.int16)
+
+    @property
+    def packet_sizes_seen(self) -> list[int]:
+        return sorted(self._size_counts)
+
+    def note_packet_samples(self, samples: int) -> None:
+        """The duration of an arriving packet, so the buffer depth is held in time. The most
+        common duration counts: a stream's odd last packet or one short packet says nothing."""
+        if samples <= 0:
+            return
+        if samples in self._size_counts or len(self._size_counts) < 32:
+            self._size_counts[samples] = self._size_counts.get(samples, 0) + 1
+        typical = max(self._size_counts, key=self._size_counts.__getitem__)
+        if typical == self.packet_samples:
+            return
+        self.packet_samples = typical
+        depth = max(1, -(-self.depth_samples // typical))
+        self.buffer.depth = depth
+        self.buffer.max_span = 2 * depth + 2
+        self.buffer.prefetch_ticks = max(1, -(-self.depth_samples // self.chunk_samples))
+
+    def tick(self, decode: Callable[[bytes], np.ndarray]) -> np.ndarray | None:
+        """This tick's samples, or None while nothing is playing. A tick that runs out mid-way
+        (an underrun) returns what there was."""
+        while len(self._pending) < self.chunk_samples:
+            play, payload = self.buffer.pop()
+            if not play:
+                break
+            pcm = self.concealer.fill(decode(payload) if payload is not None else None)
+            self._pending = np.concatenate((self._pending, pcm))
+        if len(self._pending) == 0:
+            return None
+        out, self._pending = self._pending[: self.chunk_samples], self._pending[self.chunk_samples :]
+        return out
+
+    def reset(self) -> None:
+        self.buffer.reset()
+        self._pending = np.zeros(0, dtype=np.int16)

@@ -31,7 +31,7 @@ from ..plugins.base import SessionConfig
 from .address_policy import DEFAULT_ALLOWED_NETWORKS, IPNetwork, refusal_for
 from .codec import NarrowbandCodec, codec_by_name, CODECS
 from .leg import TelephonyLeg
-from .rtp_jitter import Concealer, JitterBuffer
+from .rtp_jitter import Concealer, JitterBuffer, TickPlayout
 from .telephone_event import DEFAULT_PAYLOAD_TYPE as DEFAULT_DTMF_PAYLOAD_TYPE
 from .telephone_event import TelephoneEventDetector
 
@@ -54,7 +54,11 @@ class RtpSettings:
     advertised_host: str | None = None  # what `local` says; default: bind_host
     port_min: int = 40000
     port_max: int = 40999
-    jitter_packets: int = 3  # playout delay in 20 ms packets (absorbs reordering and jitter)
+    jitter_packets: int = 3  # playout delay in 20 ms units (absorbs reordering and jitter)
+    # With a `remote`, take its RTP from its IP on whichever source port it sends from first
+    # (many endpoints without symmetric RTP send from another port than they receive on);
+    # True: from that exact port only.
+    strict_remote_port: bool = False
     # Where a leg may send RTP: the requested remote and a latched source must be inside
     # (see address_policy.py; --rtp-allow).
     allowed_networks: tuple[IPNetwork, ...] = DEFAULT_ALLOWED_NETWORKS
@@ -143,8 +147,13 @@ class RtpLeg(TelephonyLeg):
         self.latching = remote is None
         self.allowed_networks = rtp.allowed_networks
         self.packets_refused = 0  # from sources a latching leg may not answer
-        self.jitter = JitterBuffer(rtp.jitter_packets)
-        self.concealer = Concealer(codec.samples_per_chunk)
+        self.inbound = TickPlayout(
+            JitterBuffer(rtp.jitter_packets), Concealer(codec.samples_per_chunk),
+            codec.samples_per_chunk, rtp.jitter_packets * codec.samples_per_chunk,
+        )
+        self.jitter = self.inbound.buffer
+        self.strict_remote_port = rtp.strict_remote_port
+        self.remote_source: Address | None = None  # where the remote's RTP actually comes from
         self.remote_ssrc: int | None = None
         self.packets_foreign = 0
         self.packets_malformed = 0
@@ -170,7 +179,7 @@ class RtpLeg(TelephonyLeg):
         if self.closing:
             return
         source = (_normalize_ip(addr[0]), int(addr[1]))
-        if self.remote is not None and source != self.remote:
+        if self.remote is not None and not self._from_remote(source):
             self.packets_foreign += 1
             return
         try:
@@ -191,14 +200,26 @@ class RtpLeg(TelephonyLeg):
                 return
             self.remote = source
             log.info("rtp %s latched to %s", self.id, format_host_port(*source))
+        self.remote_source = source
         if self.remote_ssrc != packet.ssrc:
             if self.remote_ssrc is not None:
-                self.jitter.reset()
+                self.inbound.reset()
             self.remote_ssrc = packet.ssrc
         self.last_inbound_at = time.monotonic()
         if self.media_started_at is None:
             self.media_started_at = self.last_inbound_at
+        self.inbound.note_packet_samples(self.codec.samples_in(packet.payload))
         self.jitter.push(packet.sequence_number, packet.payload)
+
+    def _from_remote(self, source: Address) -> bool:
+        """The remote's RTP: from its exact address when strict (or latched); otherwise from
+        its IP, on the first source port that sent audio (later other ports are foreign)."""
+        assert self.remote is not None
+        if self.strict_remote_port or self.latching:
+            return source == self.remote
+        if source[0] != self.remote[0]:
+            return False
+        return self.remote_source is None or source == self.remote_source
 
     def _on_telephone_event(self, packet: RtpPacket) -> None:
         if self.remote is None:
@@ -219,10 +240,9 @@ class RtpLeg(TelephonyLeg):
         return False
 
     def _play_one(self) -> None:
-        play, payload = self.jitter.pop()
-        if play:
-            pcm = self.codec.decode(payload) if payload is not None else None
-            self.push_inbound(self.concealer.fill(pcm))
+        pcm = self.inbound.tick(self.codec.decode)
+        if pcm is not None:
+            self.push_inbound(pcm)
 
     # -- outbound ---------------------------------------------------------------------------
 
@@ -244,6 +264,9 @@ class RtpLeg(TelephonyLeg):
         self.transport.sendto(packet.serialize(), self.remote)
         self.packets_sent += 1
 
+    def _ms(self, samples: int | None) -> float | None:
+        return None if samples is None else round(1000 * samples / self.codec.sample_rate, 3)
+
     async def close_transport(self, reason: str) -> None:
         self.transport.close()
 
@@ -260,6 +283,9 @@ class RtpLeg(TelephonyLeg):
             "packets_refused": self.packets_refused,
             "dtmf_payload_type": self.dtmf_payload_type,
             "telephone_event_packets": self.telephone_events.packets,
+            "remote_source": format_host_port(*self.remote_source) if self.remote_source else None,
+            "packet_ms": self._ms(self.inbound.packet_samples),
+            "packet_ms_seen": sorted(self._ms(n) for n in self.inbound.packet_sizes_seen),
             "jitter": self.jitter.stats.to_dict(),
         }
 

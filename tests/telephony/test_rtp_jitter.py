@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from agent.telephony.rtp_jitter import Concealer, JitterBuffer
+from agent.telephony.rtp_jitter import Concealer, JitterBuffer, TickPlayout
 
 
 def _play_all(buffer: JitterBuffer, ticks: int) -> list[bytes | None]:
@@ -91,3 +91,50 @@ def test_concealer_repeats_fading_then_silence() -> None:
     assert np.all(concealer.fill(None) == 0)
     assert np.array_equal(concealer.fill(voice), voice)
     assert np.all(concealer.fill(None) == 500)
+
+
+def _ramp_packets(sizes: list[int]) -> list[np.ndarray]:
+    """Consecutive int16 sample numbers cut into packets of the given sizes."""
+    packets, start = [], 0
+    for size in sizes:
+        packets.append(np.arange(start, start + size, dtype=np.int16))
+        start += size
+    return packets
+
+
+def _decode(payload: bytes) -> np.ndarray:
+    return np.frombuffer(payload, dtype=np.int16)
+
+
+def test_any_packet_duration_plays_as_exact_continuous_ticks() -> None:
+    # 10, 23.1 (ffmpeg's 185), 30, 60 ms packets, and a ptime change mid-stream.
+    for sizes in ([80] * 60, [185, 186] * 20, [240] * 20, [480] * 10, [160] * 10 + [240] * 10):
+        playout = TickPlayout(JitterBuffer(3), Concealer(160), 160, 480)
+        packets = _ramp_packets(sizes)
+        played: list[np.ndarray] = []
+        arrived, seq = 0, 0
+        for tick in range(400):
+            # Packets arrive when their audio has been produced: at 8 samples per ms.
+            while packets and arrived + len(packets[0]) <= (tick + 1) * 160:
+                arrived += len(packets[0])
+                playout.note_packet_samples(len(packets[0]))
+                playout.buffer.push(seq, packets.pop(0).tobytes())
+                seq += 1
+            chunk = playout.tick(_decode)
+            if chunk is not None:
+                played.append(chunk)
+        lengths = [len(chunk) for chunk in played]
+        assert set(lengths[:-1]) == {160}, (sizes[:2], lengths)
+        audio = np.concatenate(played)
+        assert np.array_equal(audio, np.arange(len(audio), dtype=np.int16)), sizes[:2]
+        assert len(audio) == sum(sizes)
+        assert playout.packet_samples in sizes
+
+
+def test_depth_follows_the_typical_packet_duration_not_an_odd_one() -> None:
+    playout = TickPlayout(JitterBuffer(3), Concealer(160), 160, 480)
+    for size in [240] * 5 + [16]:
+        playout.note_packet_samples(size)
+    assert playout.packet_samples == 240
+    assert playout.buffer.depth == 2 and playout.buffer.prefetch_ticks == 3
+    assert playout.packet_sizes_seen == [16, 240]

@@ -294,3 +294,37 @@ async def test_rfc4733_key_presses_become_dtmf_events(start_agent: AgentFactory)
     assert stats["packets_other_payload"] == 0
     # The audio around the digits was taken as audio, the digits were not.
     assert stats["jitter"]["received"] == 20 + 15
+
+
+async def test_remote_audio_from_another_port_is_taken_unless_strict(echo_agent: RunningAgent) -> None:
+    # Endpoints without symmetric RTP send from another port than the one they receive on.
+    listener, sender = await endpoint(), await endpoint()
+    stream = Stream.of(make_test_signal(1.0, 8000), PCMU, 0)
+    count = len(stream.packets)
+    stats: dict[bool, dict[str, Any]] = {}
+    async with aiohttp.ClientSession() as http:
+        for strict in (False, True):
+            status, body = await open_leg(http, echo_agent, {
+                "remote": listener.address, "codec": "PCMU", "strict_remote_port": strict})
+            assert status == 201, body
+            await send_paced(sender, destination_of(body), stream.packets, list(range(count)), set())
+            url = f"{echo_agent.url}{RTP_PATH}/{body['call_id']}"
+            await wait_until(lambda: echo_agent.agent.sessions[body["call_id"]].stats()[
+                "packets_foreign"] + echo_agent.agent.sessions[body["call_id"]].stats()[
+                "jitter"]["received"] >= count)
+            async with http.get(url) as response:
+                stats[strict] = await response.json()
+            async with http.delete(url) as response:
+                assert response.status == 200
+        status, body = await open_leg(http, echo_agent, {
+            "remote": listener.address, "strict_remote_port": "yes"})
+        assert status == 400 and body["error"]["code"] == "invalid_parameter"
+    assert stats[False]["packets_foreign"] == 0 and stats[False]["jitter"]["received"] == count
+    assert stats[False]["remote_source"] == sender.address
+    assert stats[False]["remote"] == listener.address  # still answered where it was told
+    assert stats[False]["packet_ms"] == 20.0
+    assert stats[True]["packets_foreign"] == count and stats[True]["jitter"]["received"] == 0
+    assert len(listener.packets) > 0 and sender.packets == []
+    await wait_until(lambda: not echo_agent.agent.sessions)
+    listener.transport.close()  # type: ignore[union-attr]
+    sender.transport.close()  # type: ignore[union-attr]
