@@ -79,14 +79,13 @@ def build_parser() -> argparse.ArgumentParser:
                        "default: every interface; 127.0.0.1 keeps calls on loopback)")
     parser.add_argument("--log-level", default="INFO")
     slow = parser.add_argument_group("slow clients")
-    slow.add_argument("--header-timeout", type=float, default=slow_clients.DEFAULT_HEADER_TIMEOUT,
-                      metavar="S", help="close a new connection that has not sent a complete "
-                      f"request head within S seconds (default {slow_clients.DEFAULT_HEADER_TIMEOUT:g}; "
-                      "0 = none)")
-    slow.add_argument("--body-timeout", type=float, default=slow_clients.DEFAULT_BODY_TIMEOUT,
-                      metavar="S", help="answer 408 and close when a request body has not "
-                      f"arrived within S seconds of its head (default "
-                      f"{slow_clients.DEFAULT_BODY_TIMEOUT:g}; 0 = none)")
+    header_s, body_s = slow_clients.DEFAULT_HEADER_TIMEOUT, slow_clients.DEFAULT_BODY_TIMEOUT
+    slow.add_argument("--header-timeout", type=float, default=header_s, metavar="S",
+                      help="close a new connection that has not sent a complete request head "
+                      f"within S seconds (default {header_s:g}; 0 = none)")
+    slow.add_argument("--body-timeout", type=float, default=body_s, metavar="S",
+                      help="answer 408 and close when a request body has not arrived within S "
+                      f"seconds of its head (default {body_s:g}; 0 = none)")
     tls = parser.add_argument_group("TLS (browsers need https to use a microphone off localhost)")
     tls.add_argument("--tls-cert", metavar="FILE", help="PEM certificate chain: serve https")
     tls.add_argument("--tls-key", metavar="FILE", help="PEM private key for --tls-cert")

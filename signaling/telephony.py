@@ -27,8 +27,8 @@ from agent.plugins.base import SessionConfig
 from agent.telephony.address_policy import DEFAULT_RTP_ALLOW, parse_networks
 from agent.telephony.media_stream import MediaStreamSession
 from agent.telephony.rtp_leg import (
-    RtpLeg, RtpSettings, check_remote, codec_from_request, dtmf_payload_type_from_request, open_rtp_leg,
-    parse_host_port,
+    RtpLeg, RtpSettings, check_remote, codec_from_request, dtmf_payload_type_from_request,
+    open_rtp_leg, parse_host_port,
 )
 
 from .errors import ApiError, read_json_object
