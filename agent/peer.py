@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import sys
 import time
 import wave
@@ -25,6 +26,7 @@ import numpy as np
 from aiortc import RTCConfiguration, RTCPeerConnection, RTCRtpSender, RTCSessionDescription
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
+from .cli_errors import CliError, exit_with_error
 from .clock import MonotonicClock
 from .encoding import PTIME, InlineAudioEncoder
 from .outbound import float_to_s16
@@ -378,7 +380,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("url", help="agent base URL (http://host:port) or an offer endpoint")
     parser.add_argument("--play", help="WAV to send (default: the built-in test signal)")
     parser.add_argument("--record", help="write the received audio to this WAV")
-    parser.add_argument("--seconds", type=float, default=5.0, help="call length (default 5)")
+    parser.add_argument("--seconds", type=float, default=None,
+                        help="call length (default: the --play file's length plus 1 s to hear "
+                        "its end come back, or 5 with the built-in signal)")
     parser.add_argument("--codec", choices=["opus", "pcmu", "pcma"], default="opus")
     parser.add_argument("--session", help="session config JSON (voice, instructions, ...)")
     parser.add_argument("--token", help="Bearer token for the agent")
@@ -386,32 +390,94 @@ def build_parser() -> argparse.ArgumentParser:
                         help="gather ICE host candidates only on this address (repeatable)")
     parser.add_argument("--insecure", action="store_true",
                         help="accept any https certificate (a self-signed development server)")
-    parser.add_argument("--json", action="store_true", help="print a JSON report")
+    parser.add_argument("--json", action="store_true",
+                        help="print a JSON report (data-channel events as counts per type)")
     return parser
+
+
+TAIL_SECONDS = 1.0  # after a --play file ends, long enough to hear its end come back
+
+
+def read_play_file(path: str) -> np.ndarray:
+    try:
+        signal = load_wav(path)
+    except FileNotFoundError:
+        raise CliError("play_not_found", f"--play {path}: no such file") from None
+    except (OSError, av.error.FFmpegError, ValueError) as exc:
+        reason = getattr(exc, "strerror", None) or "not a readable audio file"
+        raise CliError("play_unreadable", f"--play {path}: {reason}") from None
+    if len(signal) == 0:
+        raise CliError("play_empty", f"--play {path}: no audio in the file")
+    return signal
+
+
+def check_record_path(path: str) -> None:
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise CliError("record_unwritable", f"--record {path}: folder {folder} does not exist")
+    if os.path.isdir(path) or not os.access(folder, os.W_OK):
+        raise CliError("record_unwritable", f"--record {path}: cannot write there")
+
+
+def parse_session(text: str) -> dict[str, Any]:
+    try:
+        session = json.loads(text)
+    except ValueError as exc:
+        raise CliError("invalid_session", f"--session is not valid JSON ({exc.msg} at "
+                       f"character {exc.pos})") from None
+    if not isinstance(session, dict):
+        raise CliError("invalid_session", "--session must be a JSON object, e.g. "
+                       '\'{"voice": "NATF2.pt"}\'')
+    return session
+
+
+def event_counts(events: list[str]) -> dict[str, int]:
+    """Event types in the order first seen, each with how often it came."""
+    counts: dict[str, int] = {}
+    for event in events:
+        counts[event] = counts.get(event, 0) + 1
+    return counts
+
+
+def print_report(report: CallReport, as_json: bool) -> None:
+    if as_json:
+        body = {**asdict(report), "events": event_counts(report.events), "ok": report.ok}
+        print(json.dumps(body, indent=2))
+        return
+    status = "ok" if report.ok else f"FAILED: {report.error or 'no audio received'}"
+    print(f"{status}  codec={report.codec} connect={report.connect_seconds}s "
+          f"sent={report.seconds_sent}s received={report.seconds_received}s "
+          f"delay={report.delay_ms}ms corr={report.correlation} holes={report.holes} "
+          f"gaps={report.gaps}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    try:
+        # Every argument is checked before dialling, so a typo costs no call.
+        signal = read_play_file(args.play) if args.play else None
+        if args.record:
+            check_record_path(args.record)
+        session = parse_session(args.session) if args.session else None
+    except CliError as exc:
+        exit_with_error(exc.code, exc.message)
+    seconds = args.seconds
+    if seconds is None:
+        seconds = len(signal) / PEER_RATE + TAIL_SECONDS if signal is not None else 5.0
     accept_rsa_dtls_peers()
     if args.ice_host:
         limit_host_addresses(args.ice_host)
-    signal = load_wav(args.play) if args.play else None
-    session = json.loads(args.session) if args.session else None
     headers = {"Authorization": f"Bearer {args.token}"} if args.token else None
     report, _, received = asyncio.run(
-        run_call(args.url, signal=signal, seconds=args.seconds, codec=args.codec,
+        run_call(args.url, signal=signal, seconds=seconds, codec=args.codec,
                  session=session, headers=headers, verify_tls=not args.insecure)
     )
     if args.record:
-        save_wav(args.record, received)
-    if args.json:
-        print(json.dumps({**asdict(report), "ok": report.ok}, indent=2))
-    else:
-        status = "ok" if report.ok else f"FAILED: {report.error or 'no audio received'}"
-        print(f"{status}  codec={report.codec} connect={report.connect_seconds}s "
-              f"sent={report.seconds_sent}s received={report.seconds_received}s "
-              f"delay={report.delay_ms}ms corr={report.correlation} holes={report.holes} "
-              f"gaps={report.gaps}")
+        try:
+            save_wav(args.record, received)
+        except OSError as exc:
+            report.error = report.error or f"--record {args.record}: {exc.strerror or exc}"
+    print_report(report, args.json)
     return 0 if report.ok else 1
 
 
