@@ -8,6 +8,7 @@ import secrets
 from collections.abc import Callable
 from typing import Any
 
+from . import client_json
 from .plugins.base import PluginError
 
 log = logging.getLogger(__name__)
@@ -93,9 +94,9 @@ def parse_client_event(raw: str | bytes) -> dict[str, Any]:
     if len(raw.encode("utf-8")) > MAX_CLIENT_EVENT_BYTES:
         raise PluginError("message_too_large", "events are limited to 64 KiB")
     try:
-        event = json.loads(raw)
-    except json.JSONDecodeError as exc:
-        raise PluginError("invalid_json", f"event is not valid JSON: {exc.msg}") from None
+        event = client_json.loads(raw)
+    except client_json.ClientJsonError as exc:
+        raise PluginError("invalid_json", f"event is not valid JSON: {exc}") from None
     if not isinstance(event, dict):
         raise PluginError("invalid_event", "an event must be a JSON object")
     if not isinstance(event.get("type"), str):
@@ -111,8 +112,8 @@ def peek_event_id(raw: str | bytes) -> str | None:
     if len(raw) > MAX_CLIENT_EVENT_BYTES:
         return None
     try:
-        event = json.loads(raw)
-    except (ValueError, UnicodeDecodeError):
+        event = client_json.loads(raw)
+    except client_json.ClientJsonError:
         return None
     if isinstance(event, dict) and isinstance(event.get("event_id"), str):
         return event["event_id"]

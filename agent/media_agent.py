@@ -22,7 +22,7 @@ from .rtc_tuning import (
     set_audio_jitter_prefetch,
 )
 from .encoding import supports_inline
-from .sdp import check_offer_sdp
+from .sdp import check_offer_sdp, with_explicit_directions
 from .ticker import Ticker
 
 log = logging.getLogger(__name__)
@@ -119,7 +119,8 @@ class MediaAgent:
 
     async def _negotiate(self, pc: RTCPeerConnection, call: Call, sdp: str) -> None:
         try:
-            await pc.setRemoteDescription(RTCSessionDescription(sdp=sdp, type="offer"))
+            await pc.setRemoteDescription(
+                RTCSessionDescription(sdp=with_explicit_directions(sdp), type="offer"))
         except Exception as exc:
             if "description send parameters" in str(exc):
                 raise CallError(

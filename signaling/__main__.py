@@ -14,9 +14,10 @@ from agent.media_agent import DEFAULT_CODECS, AgentSettings, MediaAgent
 from agent.call import CallSettings
 from agent.plugins.base import PluginError, PluginOptions
 from agent.plugins.registry import available_plugins, load_plugin
+from agent.redact import RedactingFilter
 from agent.rtc_tuning import limit_host_addresses, parse_codec_list
 
-from . import auth, cors, ice, telephony
+from . import auth, cors, ice, slow_clients, telephony
 from .app import create_app
 
 log = logging.getLogger("signaling")
@@ -77,6 +78,14 @@ def build_parser() -> argparse.ArgumentParser:
                        help="gather ICE host candidates only on this address (repeatable; "
                        "default: every interface; 127.0.0.1 keeps calls on loopback)")
     parser.add_argument("--log-level", default="INFO")
+    slow = parser.add_argument_group("slow clients")
+    header_s, body_s = slow_clients.DEFAULT_HEADER_TIMEOUT, slow_clients.DEFAULT_BODY_TIMEOUT
+    slow.add_argument("--header-timeout", type=float, default=header_s, metavar="S",
+                      help="close a new connection that has not sent a complete request head "
+                      f"within S seconds (default {header_s:g}; 0 = none)")
+    slow.add_argument("--body-timeout", type=float, default=body_s, metavar="S",
+                      help="answer 408 and close when a request body has not arrived within S "
+                      f"seconds of its head (default {body_s:g}; 0 = none)")
     tls = parser.add_argument_group("TLS (browsers need https to use a microphone off localhost)")
     tls.add_argument("--tls-cert", metavar="FILE", help="PEM certificate chain: serve https")
     tls.add_argument("--tls-key", metavar="FILE", help="PEM private key for --tls-cert")
@@ -131,6 +140,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    # Every line goes through redaction: upstream URLs carry credentials, and request lines
+    # carry media-stream keys (`?token=KEY` or a last path segment).
+    media_stream_path = "/" + args.media_stream_path.lstrip("/")
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(RedactingFilter([media_stream_path]))
     # aioice logs every candidate pair check at INFO: one line per call is enough here.
     logging.getLogger("aioice").setLevel(max(logging.WARNING, logging.getLogger().level))
     try:
@@ -148,7 +162,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     agent = MediaAgent(plugin, settings_from_args(args))
     auth_settings = auth.settings_from_args(args)
     app = create_app(agent, auth=auth_settings, cors_origins=cors.origins_from_args(args),
-                     telephony_config=telephony.config_from_args(args))
+                     telephony_config=telephony.config_from_args(args),
+                     body_timeout=args.body_timeout)
     if auth_settings.open:
         if args.host in ("127.0.0.1", "localhost", "::1"):
             log.warning("no --api-key: the server is open to anyone who can reach %s "
@@ -164,7 +179,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         log.info("serving plugin %s on %s://%s:%d", plugin.id, scheme, args.host, args.port)
 
     web.run_app(app, host=args.host, port=args.port, ssl_context=ssl_context, print=listening,
-                handle_signals=True)
+                handle_signals=True, loop=slow_clients.guarded_event_loop(args.header_timeout))
     log.info("stopped")
     return 0
 

@@ -8,10 +8,11 @@ from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
+from agent.log_safe import printable
 from agent.media_agent import MediaAgent
 from agent.plugins.base import PluginError
 
-from . import health, offer, realtime_api, telephony
+from . import health, offer, realtime_api, slow_clients, telephony
 from .auth import AuthSettings
 from .errors import ApiError, from_plugin_error, json_error
 from .keys import AGENT_KEY
@@ -40,7 +41,8 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status, "http_error")
         return json_error(exc.status, code, exc.reason, headers=_allow_header(exc))
     except Exception:
-        log.exception("unhandled error on %s %s", request.method, request.path)
+        log.exception("unhandled error on %s %s", printable(request.method),
+                      printable(request.path))
         return json_error(500, "internal_error", "the server failed to handle the request")
 
 
@@ -60,9 +62,12 @@ def create_app(
     agent: MediaAgent, *, max_body_bytes: int = MAX_BODY_BYTES,
     auth: AuthSettings | None = None, cors_origins: tuple[str, ...] = (),
     telephony_config: telephony.TelephonyConfig | None = None,
+    body_timeout: float = slow_clients.DEFAULT_BODY_TIMEOUT,
 ) -> web.Application:
-    app = web.Application(middlewares=[error_middleware], client_max_size=max_body_bytes)
+    app = web.Application(middlewares=[error_middleware, slow_clients.body_timeout_middleware],
+                          client_max_size=max_body_bytes)
     app[AGENT_KEY] = agent
+    slow_clients.setup(app, body_timeout)
     realtime_api.install(app, auth_settings=auth, cors_origins=cors_origins)
     offer.add_routes(app)
     health.add_routes(app)

@@ -11,6 +11,10 @@ compared in constant time. A key holder mints ephemeral secrets at
 - may read `GET /v1/models` and `GET /v1/realtime/config`, and nothing else (403 elsewhere;
   in particular a secret cannot mint secrets).
 
+Limits: a key (or, on an open server, everyone together) may hold `--max-secrets-per-key`
+unused secrets at once (429 `too_many_secrets` beyond); a secret bound to a live call is
+never forgotten while the call lives, however many are minted meanwhile.
+
 Ownership: a call belongs to the credential that created it. A key may manage the calls
 made with it and with the secrets it minted; a secret only its own call; anyone else gets
 404. With no key configured the server is open (everyone is the same anonymous owner), but a
@@ -26,7 +30,7 @@ import hmac
 import os
 import secrets
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,6 +47,7 @@ SECRET_PREFIX = "ek_"
 DEFAULT_SECRET_TTL = 60.0
 MAX_SECRET_TTL = 3600.0
 MAX_LIVE_SECRETS = 10_000
+DEFAULT_MAX_SECRETS_PER_KEY = 1000  # unused at once; ~16 mints/s for the default 60 s TTL
 PUBLIC_PATHS = frozenset({"/", "/health"})
 PUBLIC_PREFIXES = ("/static/",)
 
@@ -53,6 +58,7 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 class AuthSettings:
     api_keys: tuple[str, ...] = ()
     secret_ttl_seconds: float = DEFAULT_SECRET_TTL
+    max_secrets_per_key: int = DEFAULT_MAX_SECRETS_PER_KEY
 
     @property
     def open(self) -> bool:
@@ -78,12 +84,33 @@ def _hash(value: str) -> bytes:
 
 
 class SecretStore:
-    def __init__(self) -> None:
-        self._secrets: dict[bytes, EphemeralSecret] = {}
+    """Live ephemeral secrets, looked up by hash.
 
-    def mint(self, tenant: str | None, ttl: float, session: SessionConfig | None
-             ) -> tuple[str, EphemeralSecret]:
-        self.prune(set())
+    Every lookup is one hash and one dict probe, whether the secret is known or not, so
+    refusing an unknown one costs no more than accepting a known one, and neither depends
+    on how many are stored. Forgetting dead secrets (a full scan) happens when minting and
+    at most once per PRUNE_INTERVAL on lookups, never per request.
+    """
+
+    PRUNE_INTERVAL = 1.0
+
+    def __init__(self, max_per_tenant: int = DEFAULT_MAX_SECRETS_PER_KEY) -> None:
+        self._secrets: dict[bytes, EphemeralSecret] = {}
+        self.max_per_tenant = max_per_tenant
+        self._next_prune = 0.0
+
+    def mint(self, tenant: str | None, ttl: float, session: SessionConfig | None,
+             live_calls: Collection[str]) -> tuple[str, EphemeralSecret]:
+        # Prune with the live calls: a secret bound to a live call still hangs it up.
+        self.prune(live_calls)
+        unclaimed = sum(1 for s in self._secrets.values()
+                        if s.tenant == tenant and s.call_id is None)
+        if unclaimed >= self.max_per_tenant:
+            # One key's unused secrets must not fill the store for every other key.
+            raise ApiError(429, "too_many_secrets",
+                           f"this key already has {unclaimed} unused ephemeral secrets "
+                           "(--max-secrets-per-key); let some expire or use them",
+                           headers={"Retry-After": "5"})
         if len(self._secrets) >= MAX_LIVE_SECRETS:
             raise ApiError(503, "too_many_secrets", "too many unexpired secrets; retry later",
                            headers={"Retry-After": "5"})
@@ -92,10 +119,18 @@ class SecretStore:
         self._secrets[secret.value_hash] = secret
         return value, secret
 
-    def find(self, value: str) -> EphemeralSecret | None:
-        return self._secrets.get(_hash(value))
+    def find(self, value: str, live_calls: Collection[str]) -> EphemeralSecret | None:
+        """The secret that can still do something, or None (unknown, or its call ended)."""
+        now = time.monotonic()
+        if now >= self._next_prune:
+            self._next_prune = now + self.PRUNE_INTERVAL
+            self.prune(live_calls)
+        secret = self._secrets.get(_hash(value))
+        if secret is not None and secret.call_id is not None and secret.call_id not in live_calls:
+            return None  # spent: its call is over
+        return secret
 
-    def prune(self, live_calls: set[str] | dict[str, Any]) -> None:
+    def prune(self, live_calls: Collection[str]) -> None:
         """Forget secrets that can no longer do anything."""
         now = time.time()
         for key, secret in list(self._secrets.items()):
@@ -194,9 +229,7 @@ def authenticate(request: web.Request) -> Principal:
         if key is not None:
             return Principal("key", tenant_of(key))
     if token.startswith(SECRET_PREFIX):
-        store = request.app[SECRETS_KEY]
-        store.prune(request.app[AGENT_KEY].calls)
-        secret = store.find(token)
+        secret = request.app[SECRETS_KEY].find(token, request.app[AGENT_KEY].calls)
         if secret is not None:
             if not secret_may_use(request):
                 raise ApiError(403, "secret_not_allowed",
@@ -290,9 +323,8 @@ async def post_client_secret(request: web.Request) -> web.Response:
         session = session_config_from_realtime(body["session"], param="session")
         # Refuse a config the plugin would refuse now, not when the browser calls.
         await request.app[AGENT_KEY].plugin.validate_session_config(session)
-    store = request.app[SECRETS_KEY]
-    store.prune(request.app[AGENT_KEY].calls)
-    value, secret = store.mint(principal.tenant, ttl, session)
+    value, secret = request.app[SECRETS_KEY].mint(principal.tenant, ttl, session,
+                                                  request.app[AGENT_KEY].calls)
     return web.json_response({
         "value": value,
         "expires_at": int(secret.expires_at),
@@ -313,7 +345,7 @@ def session_description(session: SessionConfig | None) -> dict[str, Any]:
 
 def setup(app: web.Application, settings: AuthSettings) -> None:
     app[AUTH_SETTINGS_KEY] = settings
-    app[SECRETS_KEY] = SecretStore()
+    app[SECRETS_KEY] = SecretStore(settings.max_secrets_per_key)
     app.router.add_post("/v1/realtime/client_secrets", post_client_secret)
 
 
@@ -331,6 +363,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--secret-ttl", type=float, default=DEFAULT_SECRET_TTL, metavar="SECONDS",
         help=f"default lifetime of ephemeral secrets (default {DEFAULT_SECRET_TTL:g})",
     )
+    group.add_argument(
+        "--max-secrets-per-key", type=int, default=DEFAULT_MAX_SECRETS_PER_KEY, metavar="N",
+        help="unused ephemeral secrets one key (or, without keys, all clients) may hold at "
+        f"once; more get 429 too_many_secrets (default {DEFAULT_MAX_SECRETS_PER_KEY})",
+    )
 
 
 def settings_from_args(args: argparse.Namespace) -> AuthSettings:
@@ -339,5 +376,6 @@ def settings_from_args(args: argparse.Namespace) -> AuthSettings:
         keys = [os.environ[API_KEY_ENV]]
     keys = [k for k in keys if k]
     ttl = min(max(1.0, args.secret_ttl), MAX_SECRET_TTL)
-    return AuthSettings(api_keys=tuple(keys), secret_ttl_seconds=ttl)
+    return AuthSettings(api_keys=tuple(keys), secret_ttl_seconds=ttl,
+                        max_secrets_per_key=max(1, args.max_secrets_per_key))
 

@@ -6,6 +6,7 @@ from typing import Any
 
 from aiohttp import web
 
+from agent import client_json
 from agent.plugins.base import PluginError
 
 
@@ -27,12 +28,16 @@ def from_plugin_error(exc: PluginError, headers: dict[str, str] | None = None) -
 
 async def read_json_object(request: web.Request) -> dict[str, Any]:
     """The request body as a JSON object, or a coded 4xx raised as web.HTTPException."""
+    if request.content_type != "application/json":
+        # text/plain and forms are CORS "simple requests" a foreign page can send without
+        # a preflight; refusing them keeps JSON routes out of reach of such pages.
+        raise ApiError(415, "unsupported_media_type", "send the body as application/json")
     try:
-        body = await request.json()
+        body = client_json.loads(await request.read())
     except web.HTTPRequestEntityTooLarge:
         raise
-    except Exception:
-        raise ApiError(400, "invalid_json", "the request body is not valid JSON") from None
+    except client_json.ClientJsonError as exc:
+        raise ApiError(400, "invalid_json", f"the request body is not valid JSON: {exc}") from None
     if not isinstance(body, dict):
         raise ApiError(400, "invalid_json", "the request body must be a JSON object")
     return body

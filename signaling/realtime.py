@@ -9,13 +9,13 @@ someone else's call gets the same 404 as an unknown id, so ids cannot be probed.
 
 from __future__ import annotations
 
-import json
 import secrets
 from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
 
+from agent import client_json
 from agent.media_agent import MediaAgent
 from agent.plugins.base import SessionConfig
 from agent.realtime_session import session_config_from_realtime
@@ -154,8 +154,8 @@ async def read_multipart_offer(request: web.Request) -> tuple[str, SessionConfig
     session = None
     if "session" in fields:
         try:
-            obj: Any = json.loads(decode_text(fields["session"], "session"))
-        except ValueError:
+            obj: Any = client_json.loads(decode_text(fields["session"], "session"))
+        except client_json.ClientJsonError:
             raise ApiError(400, "invalid_json", "form field 'session' is not valid JSON",
                            param="session") from None
         session = session_config_from_realtime(obj, param="session")

@@ -30,8 +30,9 @@ def install(app: web.Application, *, auth_settings: AuthSettings | None = None,
     # Outermost, so even refusals from the error middleware carry CORS headers.
     app.middlewares.insert(0, cors.cors_middleware)
     app.middlewares.append(auth.auth_middleware)
-    cors.setup(app, cors_origins)
-    auth.setup(app, auth_settings or AuthSettings())
+    auth_settings = auth_settings or AuthSettings()
+    cors.setup(app, cors_origins, open_server=auth_settings.open)
+    auth.setup(app, auth_settings)
     realtime.add_routes(app)
     ice.add_routes(app)
     models.add_routes(app)

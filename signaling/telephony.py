@@ -10,6 +10,8 @@
   `{"call_id", "local",
   "codec", ...}`; `GET`/`DELETE /v1/telephony/rtp/{call_id}`.
 Admission (server full → 503 + Retry-After) and auth are the same as for WebRTC calls.
+A `remote` outside `--rtp-allow` gets 403 `address_not_allowed`; multicast, broadcast,
+link-local and unspecified ones 400 `address_not_permitted` (agent/telephony/address_policy.py).
 """
 
 from __future__ import annotations
@@ -22,10 +24,11 @@ from dataclasses import dataclass, field, replace
 from aiohttp import WSMsgType, web
 
 from agent.plugins.base import SessionConfig
+from agent.telephony.address_policy import DEFAULT_RTP_ALLOW, parse_networks
 from agent.telephony.media_stream import MediaStreamSession
 from agent.telephony.rtp_leg import (
-    RtpLeg, RtpSettings, codec_from_request, dtmf_payload_type_from_request, open_rtp_leg,
-    parse_host_port,
+    RtpLeg, RtpSettings, check_remote, codec_from_request, dtmf_payload_type_from_request,
+    open_rtp_leg, parse_host_port,
 )
 
 from .errors import ApiError, read_json_object
@@ -110,6 +113,8 @@ async def post_rtp(request: web.Request) -> web.Response:
     settings = request.app[TELEPHONY_KEY].rtp
     body = await read_json_object(request)
     remote = parse_host_port(body["remote"], "remote") if body.get("remote") is not None else None
+    if remote is not None:
+        check_remote(remote[0], settings)  # before anything is bound: no reflection
     codec = codec_from_request(body.get("codec", "PCMU"))
     dtmf_payload_type = dtmf_payload_type_from_request(body, codec)
     session = SessionConfig.from_json(body.get("session"))
@@ -171,6 +176,14 @@ def _port_range(text: str) -> tuple[int, int]:
     return first, last
 
 
+def _network(text: str) -> str:
+    try:
+        parse_networks([text])
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("telephony")
     group.add_argument("--media-stream-path", default=DEFAULT_MEDIA_STREAM_PATH,
@@ -182,6 +195,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="address returned as 'local' (default: --rtp-bind)")
     group.add_argument("--rtp-ports", type=_port_range, default=(40000, 40999), metavar="MIN-MAX",
                        help="UDP port range for RTP legs (default 40000-40999)")
+    group.add_argument("--rtp-allow", action="append", type=_network, default=None,
+                       metavar="CIDR",
+                       help="network an RTP leg may send to or latch onto (repeatable; "
+                       f"default {' '.join(DEFAULT_RTP_ALLOW)}; multicast, broadcast, "
+                       "link-local and unspecified addresses are always refused)")
     group.add_argument("--rtp-jitter", type=int, default=3, metavar="PACKETS",
                        help="RTP playout delay in 20 ms units, whatever the sender's packet "
                        "duration (default 3)")
@@ -201,5 +219,6 @@ def config_from_args(args: argparse.Namespace) -> TelephonyConfig:
         rtp=RtpSettings(bind_host=args.rtp_bind, advertised_host=advertised,
                         port_min=args.rtp_ports[0], port_max=args.rtp_ports[1],
                         jitter_packets=max(1, args.rtp_jitter),
-                        strict_remote_port=args.rtp_strict_remote_port),
+                        strict_remote_port=args.rtp_strict_remote_port,
+                        allowed_networks=parse_networks(args.rtp_allow or DEFAULT_RTP_ALLOW)),
     )

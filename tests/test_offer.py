@@ -47,7 +47,8 @@ BAD_REQUESTS = [
 
 async def post(url: str, body: object) -> tuple[int, dict]:
     async with aiohttp.ClientSession() as http:
-        kwargs = {"data": body} if isinstance(body, str) else {"json": body}
+        kwargs: dict = ({"data": body, "headers": {"Content-Type": "application/json"}}
+                        if isinstance(body, str) else {"json": body})
         async with http.post(url + "/offer", **kwargs) as response:
             return response.status, await response.json(content_type=None)
 

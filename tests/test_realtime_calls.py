@@ -211,7 +211,7 @@ async def test_models_list_names_the_plugin(start_agent: AgentFactory) -> None:
 
 
 async def test_options_preflight_and_cors_headers(start_agent: AgentFactory) -> None:
-    running = await start_agent()
+    running = await start_agent(cors_origins=("*",))
     async with aiohttp.ClientSession() as http:
         async with http.options(running.url + CALLS, headers={
             "Origin": "https://app.example", "Access-Control-Request-Method": "POST",

@@ -25,6 +25,8 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
+from .. import client_json
+from ..log_safe import printable
 from ..plugins.base import PluginError, SessionConfig
 from .codec import PCMA, PCMU, NarrowbandCodec
 from .leg import DTMF_BURST, DTMF_DIGITS, DTMF_RATE, TelephonyLeg
@@ -83,7 +85,7 @@ class MediaStreamSession(TelephonyLeg):
             await self._dispatch(message)
         except ProtocolError as exc:
             self.malformed_messages += 1
-            log.error("media stream %s: %s: %s", self.id, exc.code, exc.message)
+            log.error("media stream %s: %s: %s", self.id, exc.code, printable(exc.message))
             await self._send_error(exc.code, exc.message)
         except Exception:  # a bug here must not cost the caller the call
             log.exception("media stream %s: message handling failed", self.id)
@@ -129,7 +131,8 @@ class MediaStreamSession(TelephonyLeg):
             await self.open_session(session_config)
         except PluginError as exc:
             # Without a session the stream cannot do anything: say why, then hang up.
-            log.warning("media stream %s: start refused: %s: %s", self.id, exc.code, exc.message)
+            log.warning("media stream %s: start refused: %s: %s", self.id, exc.code,
+                        printable(exc.message))
             await self._send_error(exc.code, exc.message)
             close_code = CLOSE_TRY_AGAIN if exc.status == 503 else CLOSE_POLICY
             await self._close_socket(close_code, exc.code)
@@ -137,8 +140,8 @@ class MediaStreamSession(TelephonyLeg):
             return
         self.started = True
         self.start_sending()
-        log.info("media stream %s start stream=%s call=%s codec=%s", self.id, stream_sid,
-                 self.call_sid, codec.name)
+        log.info("media stream %s start stream=%s call=%s codec=%s", self.id,
+                 printable(stream_sid), printable(self.call_sid), codec.name)
 
     def _on_media(self, message: dict[str, Any]) -> None:
         if not self.started:
@@ -231,9 +234,9 @@ def parse_message(raw: str | bytes) -> dict[str, Any]:
         raise ProtocolError("message_too_large",
                             f"messages are limited to {MAX_MESSAGE_BYTES} bytes")
     try:
-        message = json.loads(raw)
-    except json.JSONDecodeError as exc:
-        raise ProtocolError("invalid_json", f"message is not valid JSON: {exc.msg}") from None
+        message = client_json.loads(raw)
+    except client_json.ClientJsonError as exc:
+        raise ProtocolError("invalid_json", f"message is not valid JSON: {exc}") from None
     if not isinstance(message, dict):
         raise ProtocolError("invalid_message", "a message must be a JSON object")
     if not isinstance(message.get("event"), str):
@@ -269,8 +272,8 @@ def session_config_from_parameters(parameters: dict[str, Any]) -> SessionConfig:
     extra_body: Any = parameters.get("extra_body")
     if isinstance(extra_body, str):
         try:
-            extra_body = json.loads(extra_body)
-        except json.JSONDecodeError:
+            extra_body = client_json.loads(extra_body)
+        except client_json.ClientJsonError:
             raise PluginError("invalid_session",
                               "customParameters.extra_body must be a JSON object",
                               param="customParameters.extra_body") from None

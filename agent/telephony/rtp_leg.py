@@ -28,6 +28,7 @@ from aiortc.rtp import RtpPacket
 
 from ..errors import CallError
 from ..plugins.base import SessionConfig
+from .address_policy import DEFAULT_ALLOWED_NETWORKS, IPNetwork, refusal_for
 from .codec import NarrowbandCodec, codec_by_name, CODECS
 from .leg import TelephonyLeg
 from .rtp_jitter import Concealer, JitterBuffer, TickPlayout
@@ -58,6 +59,9 @@ class RtpSettings:
     # (many endpoints without symmetric RTP send from another port than they receive on);
     # True: from that exact port only.
     strict_remote_port: bool = False
+    # Where a leg may send RTP: the requested remote and a latched source must be inside
+    # (see address_policy.py; --rtp-allow).
+    allowed_networks: tuple[IPNetwork, ...] = DEFAULT_ALLOWED_NETWORKS
 
     @property
     def local_host(self) -> str:
@@ -81,6 +85,13 @@ def parse_host_port(text: object, param: str) -> Address:
     if not sep or not 1 <= port <= 65535:
         raise CallError("invalid_address", f"'{param}' has no valid port", param=param)
     return str(ip), port
+
+
+def check_remote(host: str, settings: RtpSettings, param: str = "remote") -> None:
+    """Raise CallError (400/403) unless RTP may be sent to `host` (see address_policy)."""
+    refusal = refusal_for(host, settings.allowed_networks)
+    if refusal is not None:
+        raise CallError(refusal.code, refusal.message, param=param, status=refusal.status)
 
 
 def format_host_port(host: str, port: int) -> str:
@@ -134,6 +145,8 @@ class RtpLeg(TelephonyLeg):
         self.local = local
         self.remote = remote
         self.latching = remote is None
+        self.allowed_networks = rtp.allowed_networks
+        self.packets_refused = 0  # from sources a latching leg may not answer
         self.inbound = TickPlayout(
             JitterBuffer(rtp.jitter_packets), Concealer(codec.samples_per_chunk),
             codec.samples_per_chunk, rtp.jitter_packets * codec.samples_per_chunk,
@@ -181,6 +194,10 @@ class RtpLeg(TelephonyLeg):
             self.packets_other_payload += 1  # comfort noise, RTCP, unasked-for events, ...
             return
         if self.remote is None:
+            if refusal_for(source[0], self.allowed_networks) is not None:
+                # Latching onto a spoofable source would let anyone aim our RTP at it.
+                self.packets_refused += 1
+                return
             self.remote = source
             log.info("rtp %s latched to %s", self.id, format_host_port(*source))
         self.remote_source = source
@@ -263,6 +280,7 @@ class RtpLeg(TelephonyLeg):
             "packets_foreign": self.packets_foreign,
             "packets_malformed": self.packets_malformed,
             "packets_other_payload": self.packets_other_payload,
+            "packets_refused": self.packets_refused,
             "dtmf_payload_type": self.dtmf_payload_type,
             "telephone_event_packets": self.telephone_events.packets,
             "remote_source": format_host_port(*self.remote_source) if self.remote_source else None,
@@ -304,6 +322,8 @@ async def open_rtp_leg(agent: MediaAgent, remote: Address | None, codec: Narrowb
                        session: SessionConfig, settings: RtpSettings,
                        dtmf_payload_type: int | None = DEFAULT_DTMF_PAYLOAD_TYPE) -> RtpLeg:
     """Admit, bind, open the plugin session and start sending. Raises CallError/PluginError."""
+    if remote is not None:
+        check_remote(remote[0], settings)
     with agent.admit():
         transport, protocol, port = await _bind_port(settings)
         leg = RtpLeg(agent, codec, transport, (settings.local_host, port), remote, settings,

@@ -210,7 +210,8 @@ async def test_bad_requests_get_coded_errors(echo_agent: RunningAgent) -> None:
         for body, code in cases:
             status, answer = await open_leg(http, echo_agent, body)
             assert (status, answer["error"]["code"]) == (400, code), body
-        async with http.post(echo_agent.url + RTP_PATH, data="nope") as response:
+        async with http.post(echo_agent.url + RTP_PATH, data="nope",
+                             headers={"Content-Type": "application/json"}) as response:
             assert response.status == 400
         async with http.delete(f"{echo_agent.url}{RTP_PATH}/rtp_unknown") as response:
             assert response.status == 404

@@ -23,6 +23,7 @@ from typing import Any, Literal
 import aiohttp
 import numpy as np
 
+from ...redact import redact_text
 from ..base import PluginError, StepOutput
 from .latency import LinkLatency
 from .pool import Lease
@@ -40,7 +41,9 @@ class UpstreamError(PluginError):
 
     def __init__(self, code: str, message: str, *, status: int = 502,
                  pool_effect: PoolEffect = None) -> None:
-        super().__init__(code, message, status=status)
+        # Messages embed exception text (aiohttp puts the URL in it): it reaches clients,
+        # logs and /health, so credentials are masked here, once for every path.
+        super().__init__(code, redact_text(message), status=status)
         self.pool_effect = pool_effect
 
 
@@ -113,12 +116,16 @@ class UpstreamLink(abc.ABC):
 
     @property
     def url(self) -> str:
-        return self.lease.url
+        return self.lease.url  # to connect to only; print and serve `label`
+
+    @property
+    def label(self) -> str:
+        return self.lease.label
 
     # -- protocol hooks ---------------------------------------------------------------------
 
     def connect_url(self, request: LinkRequest) -> str:
-        return self.url
+        return self.lease.url
 
     @abc.abstractmethod
     async def handshake(self, ws: aiohttp.ClientWebSocketResponse, request: LinkRequest) -> None:
@@ -167,12 +174,12 @@ class UpstreamLink(abc.ABC):
             )
         except asyncio.TimeoutError:
             raise UpstreamError(
-                "upstream_unreachable", f"no answer from model server {self.url} within "
+                "upstream_unreachable", f"no answer from model server {self.label} within "
                 f"{self.settings.connect_timeout:g} s", status=503, pool_effect="failed",
             ) from None
         except (aiohttp.ClientError, OSError) as exc:
             raise UpstreamError(
-                "upstream_unreachable", f"model server {self.url} cannot be reached: {exc}",
+                "upstream_unreachable", f"model server {self.label} cannot be reached: {exc}",
                 status=503, pool_effect="failed",
             ) from None
         try:
@@ -182,7 +189,7 @@ class UpstreamLink(abc.ABC):
             await self._close_socket()
             raise UpstreamError(
                 "upstream_handshake_timeout",
-                f"model server {self.url} did not open a session within "
+                f"model server {self.label} did not open a session within "
                 f"{self.settings.handshake_timeout:g} s", status=503, pool_effect="failed",
             ) from None
         except BaseException:
@@ -194,7 +201,7 @@ class UpstreamLink(abc.ABC):
 
     def _spawn(self, coro: Any, name: str) -> None:
         task = asyncio.ensure_future(coro)
-        task.set_name(f"upstream:{self.url}:{name}")
+        task.set_name(f"upstream:{self.label}:{name}")
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
@@ -221,7 +228,7 @@ class UpstreamLink(abc.ABC):
         except UpstreamError as exc:
             self.fail(exc)
         except Exception as exc:
-            log.exception("upstream %s: reader failed", self.url)
+            log.exception("upstream %s: reader failed", self.label)
             self.fail(UpstreamError("upstream_failed", f"reading from the model server failed: {exc}"))
 
     async def _write(self) -> None:
@@ -257,7 +264,7 @@ class UpstreamLink(abc.ABC):
         if self.failure is not None or self._closing:
             return
         self.failure = error
-        log.warning("upstream %s session %s failed: %s: %s", self.url, self.upstream_session_id,
+        log.warning("upstream %s session %s failed: %s: %s", self.label, self.upstream_session_id,
                     error.code, error.message)
         if error.pool_effect == "failed":
             self.lease.pool.mark_failed(self.lease.upstream, error.code)
@@ -274,7 +281,7 @@ class UpstreamLink(abc.ABC):
                 try:
                     await asyncio.wait_for(self.goodbye(self.ws), self.settings.close_timeout)
                 except Exception as exc:
-                    log.debug("upstream %s: goodbye failed: %r", self.url, exc)
+                    log.debug("upstream %s: goodbye failed: %r", self.label, exc)
             current = asyncio.current_task()
             tasks = [t for t in self._tasks if t is not current]
             for task in tasks:
@@ -291,7 +298,7 @@ class UpstreamLink(abc.ABC):
             try:
                 await asyncio.wait_for(self.ws.close(), self.settings.close_timeout)
             except Exception as exc:
-                log.debug("upstream %s: close failed: %r", self.url, exc)
+                log.debug("upstream %s: close failed: %r", self.label, exc)
 
     def _log_summary(self) -> None:
         summary = self.latency.summary()
@@ -299,7 +306,7 @@ class UpstreamLink(abc.ABC):
         log.info(
             "upstream %s session %s closed: frames_in=%d rtt_p50=%sms rtt_p95=%sms "
             "agent_added_mean=%sms error=%s",
-            self.url, self.upstream_session_id, self.frames_in, rtt.get("p50_ms"),
+            self.label, self.upstream_session_id, self.frames_in, rtt.get("p50_ms"),
             rtt.get("p95_ms"), summary["agent_added_mean_ms"],
             self.failure.code if self.failure else None,
         )
@@ -317,7 +324,7 @@ class UpstreamLink(abc.ABC):
         except UpstreamError as exc:
             self._fail_from_ticker(exc)
         except Exception as exc:
-            log.exception("upstream %s: exchange failed", self.url)
+            log.exception("upstream %s: exchange failed", self.label)
             self._fail_from_ticker(UpstreamError("upstream_failed", f"the remote session failed: {exc}"))
         if self.failure is not None:
             if self._failure_reported:
@@ -391,7 +398,7 @@ class UpstreamLink(abc.ABC):
                 pass
 
     def _after_ticker_failure(self, error: UpstreamError) -> None:
-        log.warning("upstream %s session %s failed: %s: %s", self.url, self.upstream_session_id,
+        log.warning("upstream %s session %s failed: %s: %s", self.label, self.upstream_session_id,
                     error.code, error.message)
         if error.pool_effect == "failed":
             self.lease.pool.mark_failed(self.lease.upstream, error.code)
@@ -413,7 +420,7 @@ class UpstreamLink(abc.ABC):
     def stats(self) -> dict[str, Any]:
         return {
             "protocol": self.protocol,
-            "upstream": self.url,
+            "upstream": self.label,
             "upstream_session_id": self.upstream_session_id,
             "frames_in": self.frames_in,
             "dropped_input_frames": self.dropped_input_frames,

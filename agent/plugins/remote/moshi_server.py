@@ -44,7 +44,7 @@ class MoshiLink(UpstreamLink):
             query["voice_prompt"] = request.voice
         if request.instructions:
             query["text_prompt"] = request.instructions
-        return str(URL(self.url).update_query(query)) if query else self.url
+        return str(URL(self.lease.url).update_query(query)) if query else self.lease.url
 
     async def handshake(self, ws: aiohttp.ClientWebSocketResponse, request: LinkRequest) -> None:
         message = await ws.receive()
@@ -52,17 +52,17 @@ class MoshiLink(UpstreamLink):
                             aiohttp.WSMsgType.CLOSED, aiohttp.WSMsgType.ERROR):
             if ws.close_code == BUSY_CLOSE_CODE:
                 raise UpstreamError(
-                    "upstream_busy", f"model server {self.url} is busy with another call",
+                    "upstream_busy", f"model server {self.label} is busy with another call",
                     status=503, pool_effect="full",
                 )
             raise UpstreamError(
                 "upstream_closed",
-                f"model server {self.url} closed the connection before the handshake "
+                f"model server {self.label} closed the connection before the handshake "
                 f"(code {ws.close_code})", status=503, pool_effect="failed",
             )
         if message.type != aiohttp.WSMsgType.BINARY or message.data[:1] != bytes([KIND_HANDSHAKE]):
             raise protocol_error("the first message is not the 0x00 handshake")
-        self.upstream_session_id = f"moshi@{self.url}"
+        self.upstream_session_id = f"moshi@{self.label}"
 
     def on_message(self, message: aiohttp.WSMessage, arrived_at: float) -> None:
         if message.type != aiohttp.WSMsgType.BINARY:

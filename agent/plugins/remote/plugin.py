@@ -20,6 +20,7 @@ from typing import Any, ClassVar
 import aiohttp
 import numpy as np
 
+from ...log_safe import printable
 from ..base import (
     Capabilities,
     Plugin,
@@ -152,7 +153,7 @@ class RemotePlugin(Plugin):
         self._loop.call_later(self.claim_timeout, self._expire_parked, token)
         return RuntimeConfig(
             voice=request.voice, instructions=request.instructions,
-            options={LINK_TOKEN: token, "upstream": link.url},
+            options={LINK_TOKEN: token, "upstream": link.label},
         )
 
     async def _open_link(self, request: LinkRequest) -> UpstreamLink:
@@ -176,7 +177,7 @@ class RemotePlugin(Plugin):
                     self.pool.mark_full(lease.upstream)
                 else:
                     self.pool.mark_failed(lease.upstream, exc.code)
-                log.warning("upstream %s: %s: %s", lease.url, exc.code, exc.message)
+                log.warning("upstream %s: %s: %s", lease.label, exc.code, printable(exc.message))
                 last_error = exc
                 continue
             except BaseException:
@@ -184,7 +185,7 @@ class RemotePlugin(Plugin):
                 raise
             self.pool.mark_ok(lease.upstream)
             self._links.add(link)
-            log.info("upstream %s session %s opened", lease.url, link.upstream_session_id)
+            log.info("upstream %s session %s opened", lease.label, link.upstream_session_id)
             return link
         assert last_error is not None
         raise last_error
@@ -192,7 +193,7 @@ class RemotePlugin(Plugin):
     def _expire_parked(self, token: str) -> None:
         link = self._unpark(token)
         if link is not None:
-            log.warning("upstream %s: session never claimed by a call; closing it", link.url)
+            log.warning("upstream %s: session never claimed by a call; closing it", link.label)
             self._close_link(link)
 
     def discard_runtime_config(self, config: RuntimeConfig) -> None:
@@ -217,7 +218,7 @@ class RemotePlugin(Plugin):
                 self._links.discard(link)
 
         task = asyncio.ensure_future(close())
-        task.set_name(f"upstream:{link.url}:close")
+        task.set_name(f"upstream:{link.label}:close")
         self._closers.add(task)
         task.add_done_callback(self._closers.discard)
 

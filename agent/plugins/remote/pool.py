@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ...redact import redact_text, redact_url
 from ..base import PluginError
 
 DEFAULT_BACKOFF_SECONDS = 1.0
@@ -30,19 +31,24 @@ class Upstream:
     skip_until: float = 0.0
     last_error: str | None = None
 
+    @property
+    def label(self) -> str:
+        """The URL as it may be printed or served (credentials masked)."""
+        return redact_url(self.url)
+
     def has_room(self) -> bool:
         return self.capacity == 0 or self.active < self.capacity
 
     def describe(self, now: float) -> dict[str, Any]:
         return {
-            "url": self.url,
+            "url": self.label,
             "capacity": self.capacity,
             "active": self.active,
             "assigned": self.assigned,
             "healthy": now >= self.skip_until,
             "failures": self.failures,
             "retry_in_s": round(max(0.0, self.skip_until - now), 3),
-            "last_error": self.last_error,
+            "last_error": redact_text(self.last_error) if self.last_error else None,
         }
 
 
@@ -57,6 +63,10 @@ class Lease:
     @property
     def url(self) -> str:
         return self.upstream.url
+
+    @property
+    def label(self) -> str:
+        return self.upstream.label
 
     def release(self) -> None:
         if not self.released:

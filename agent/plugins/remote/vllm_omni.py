@@ -88,7 +88,7 @@ class VllmOmniLink(UpstreamLink):
                                 aiohttp.WSMsgType.CLOSED, aiohttp.WSMsgType.ERROR):
                 raise UpstreamError(
                     "upstream_closed",
-                    f"model server {self.url} closed the connection before session.created",
+                    f"model server {self.label} closed the connection before session.created",
                     status=503, pool_effect="failed",
                 )
             event = parse_event(message)
@@ -109,7 +109,7 @@ class VllmOmniLink(UpstreamLink):
             return
         if self.last_server_event_seq is not None and seq != self.last_server_event_seq + 1:
             self.seq_anomalies += 1
-            log.warning("upstream %s: server_event_seq jumped from %d to %d", self.url,
+            log.warning("upstream %s: server_event_seq jumped from %d to %d", self.label,
                         self.last_server_event_seq, seq)
         self.last_server_event_seq = seq
 
