@@ -156,8 +156,12 @@ class Call:
 
     async def _teardown(self) -> None:
         self.tasks.cancel_all()
-        if self.ticked is not None:
-            await self.ticker.close_session(self.ticked)
+        try:
+            if self.ticked is not None:
+                await self.ticker.close_session(self.ticked)
+        except Exception:
+            # A plugin failing here must not leave the call registered with its peer open.
+            log.exception("call %s: closing the plugin session failed", self.id)
         self.track.stop()
         try:
             # pc.close() can hang on a dead transport; never let it pin the call.
