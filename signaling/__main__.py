@@ -12,7 +12,8 @@ from aiohttp import web
 
 from agent.media_agent import DEFAULT_CODECS, AgentSettings, MediaAgent
 from agent.call import CallSettings
-from agent.plugins.base import PluginError, PluginOptions
+from agent.errors import AgentError
+from agent.plugins.base import PluginOptions
 from agent.plugins.registry import available_plugins, load_plugin
 from agent.redact import RedactingFilter
 from agent.rtc_tuning import limit_host_addresses, parse_codec_list
@@ -154,7 +155,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         plugin = load_plugin(args.plugin, plugin_options_from_args(args))
-    except PluginError as exc:
+    except AgentError as exc:
         print(f"error: {exc.code}: {exc.message}", file=sys.stderr)
         return 2
     if args.ice_host:
