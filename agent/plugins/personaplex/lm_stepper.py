@@ -81,6 +81,8 @@ class LMStepper(streaming.StreamingModule):
             "tokens": torch.full(shape, UNGENERATED, dtype=torch.long, device=device),
             "provided": torch.zeros(shape, dtype=torch.bool, device=device),
             "offset": torch.zeros(batch_size, dtype=torch.long, device=device),
+            # 1 after a prompt: user codes go one column later (see `prompt.run_prefill`).
+            "user_lag": torch.zeros(batch_size, dtype=torch.long, device=device),
             "seed": torch.zeros(batch_size, dtype=torch.long, device=device),
         }
 
@@ -99,6 +101,12 @@ class LMStepper(streaming.StreamingModule):
 
     def import_slot(self, slot: int, snapshot: streaming.SlotSnapshot) -> None:
         streaming.import_slot(self, slot, snapshot)
+
+    def lag_user_codes(self, slot: int) -> None:
+        """From now on, write this slot's user codes one column later: the column layout
+        NVIDIA's LMGen has after a system prompt (see `prompt.run_prefill`)."""
+        assert self.state is not None
+        self.state["user_lag"][slot] = 1
 
     def restore_token_cache(self, slot: int, cache: torch.Tensor) -> None:
         """Overwrite a slot's token columns from a saved cache [K, CT_saved] indexed by
@@ -152,7 +160,8 @@ class LMStepper(streaming.StreamingModule):
             if user_codes.dim() != 2 or user_codes.shape[0] != batch or user_codes.shape[1] < self.n_user:
                 raise ValueError(f"user_codes must be [{batch}, >={self.n_user}], got {list(user_codes.shape)}")
             user_codes = user_codes[:, : self.n_user]  # a codec may produce more codebooks
-            columns = (offset[:, None] + self.delays[self.user_rows][None]) % ring
+            lag = state["user_lag"][:, None]
+            columns = (offset[:, None] + lag + self.delays[self.user_rows][None]) % ring
             self._write(slots, self.user_rows[None], columns, user_codes.to(device), live[:, None], True)
 
         target = (offset + 1) % ring

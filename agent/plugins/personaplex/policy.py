@@ -82,8 +82,12 @@ def persona_instructions(instructions: str | None) -> str:
 
 
 def wrap_persona(text: str) -> str:
-    """The persona as the model was trained to see it on the text row."""
-    return f"{SYSTEM_TAG} {text.strip()} {SYSTEM_TAG}"
+    """The persona as the model was trained to see it on the text row. A persona already
+    wrapped in the tags is left as it is, as NVIDIA's `wrap_with_system_tags` does."""
+    stripped = text.strip()
+    if stripped.startswith(SYSTEM_TAG) and stripped.endswith(SYSTEM_TAG):
+        return stripped
+    return f"{SYSTEM_TAG} {stripped} {SYSTEM_TAG}"
 
 
 @dataclass(frozen=True)

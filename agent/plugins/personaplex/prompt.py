@@ -67,9 +67,10 @@ class PromptPlan:
 
     @property
     def frames(self) -> int:
-        """Prefill length = T + 2 * silence + len(persona tokens)."""
+        """Prefill steps = T + 2 * silence + len(persona tokens), one fewer without a voice
+        (the reference's first call discards the first silence frame; see `run_prefill`)."""
         voice = self.voice.frames if self.voice is not None else 0
-        return voice + 2 * self.silence_frames + len(self.text_tokens)
+        return voice + 2 * self.silence_frames + len(self.text_tokens) - (self.voice is None)
 
 
 def persona_tokens(tokenizer: object, persona: str) -> tuple[int, ...]:
@@ -98,7 +99,21 @@ def _row(values: tuple[int, ...], device: torch.device) -> torch.Tensor:
 def run_prefill(stepper: LMStepper, slot: int, plan: PromptPlan,
                 step: Callable[..., object] | None = None) -> None:
     """Step `slot` of `stepper` (every other slot frozen) through the prompt. `step` replaces
-    `stepper.step` (same signature), e.g. a CUDA-graphed step of the same stepper."""
+    `stepper.step` (same signature), e.g. a CUDA-graphed step of the same stepper.
+
+    The column layout is NVIDIA's `LMGen` one, checked frame for frame against it
+    (tests/personaplex/test_golden_parity.py). Its call at offset o writes that call's user
+    codes, forced text and forced agent codes into column o (+ each row's delay) and predicts
+    column o from column o - 1; its first call (offset 0) only lays initial tokens. Our step s
+    predicts column s + 1 from column s and writes forced tokens at s + 1, so our step s is its
+    call s + 1, provided user codes also go one column later (`lag_user_codes`, kept for the
+    rest of the call). Hence:
+    - with a voice prompt, its discarded first call carried dummy tokens, and the replay and
+      every prompt frame map one to one onto our steps;
+    - without one, the discarded call is the first silence frame, which never reaches the
+      model: we start at the second.
+    A caller's frame f then lands in the column right after the prompt's last frame, as there.
+    """
     step = step or stepper.step
     lm = stepper.lm
     device = lm.device
@@ -107,6 +122,7 @@ def run_prefill(stepper: LMStepper, slot: int, plan: PromptPlan,
     active = torch.zeros(batch, dtype=torch.bool, device=device)
     active[slot] = True
     n_user, n_agent = lm.num_user_codebooks, lm.num_agent_codebooks
+    stepper.lag_user_codes(slot)
 
     def spread(row: torch.Tensor, fill: int) -> torch.Tensor:
         full = torch.full((batch, row.shape[-1]), fill, dtype=torch.long, device=device)
@@ -132,19 +148,19 @@ def run_prefill(stepper: LMStepper, slot: int, plan: PromptPlan,
             given = torch.zeros(batch, embeddings.shape[-1], dtype=lm.dtype, device=device)
             given[slot] = embeddings[index].reshape(-1)
             step(initial_user, forced_text=pad, forced_agent=initial_agent,
-                         input_embeddings=given, embeddings_mask=mask, active=active)
+                 input_embeddings=given, embeddings_mask=mask, active=active)
         stepper.restore_token_cache(slot, plan.voice.cache[0])
 
-    def silence_frames() -> None:
-        for _ in range(plan.silence_frames):
-            step(sine, forced_text=pad, forced_agent=silence, active=active)
-
-    silence_frames()
+    frames: list[torch.Tensor] = [pad] * plan.silence_frames
     for token in plan.text_tokens:
         text = torch.full((batch,), NOT_FORCED, dtype=torch.long, device=device)
         text[slot] = token
+        frames.append(text)
+    frames += [pad] * plan.silence_frames
+    if plan.voice is None:
+        frames = frames[1:]  # the reference's discarded first call
+    for text in frames:
         step(sine, forced_text=text, forced_agent=silence, active=active)
-    silence_frames()
 
 
 def detached_copy(model: nn.Module) -> nn.Module:
