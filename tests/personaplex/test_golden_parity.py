@@ -38,8 +38,7 @@ def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return directory
 
 
-def run_ours(checkpoint: Path, case: dict[str, Any]) -> list[list[int]]:
-    lm = lm_config.load_lm(lm_config.load_checkpoint_info(checkpoint), "cpu", torch.float32)
+def plan_for(checkpoint: Path, case: dict[str, Any]) -> PromptPlan:
     tokenizer = sentencepiece.SentencePieceProcessor(
         model_file=str(checkpoint / "tokenizer_spm_32k_3.model"))
     tokens = persona_tokens(tokenizer, case["persona"])
@@ -48,9 +47,22 @@ def run_ours(checkpoint: Path, case: dict[str, Any]) -> list[list[int]]:
     if case["voice"] is not None:
         raw = torch.load(checkpoint / "voices" / case["voice"], map_location="cpu")
         voice = VoicePrompt(embeddings=raw["embeddings"], cache=raw["cache"])
+    return PromptPlan(voice=voice, text_tokens=tokens, silence_frames=FIXTURE["silence_frames"])
+
+
+def expected_frames(case: dict[str, Any]) -> list[list[int]]:
+    return [[frame["text"], *frame["audio"]] for frame in case["frames"]]
+
+
+def row(out: Any, slot: int) -> list[int]:
+    assert bool(out.audio_valid[slot])
+    return [int(out.aligned_text[slot]), *(int(v) for v in out.audio_codes[slot])]
+
+
+def run_ours(checkpoint: Path, case: dict[str, Any]) -> list[list[int]]:
+    lm = lm_config.load_lm(lm_config.load_checkpoint_info(checkpoint), "cpu", torch.float32)
     stepper = LMStepper(lm, 1)
-    run_prefill(stepper, 0, PromptPlan(voice=voice, text_tokens=tokens,
-                                       silence_frames=FIXTURE["silence_frames"]))
+    run_prefill(stepper, 0, plan_for(checkpoint, case))
     user = torch.tensor(case["user_codes"], dtype=torch.long)[None]
     frames = []
     for index in range(user.shape[-1]):
@@ -63,7 +75,7 @@ def run_ours(checkpoint: Path, case: dict[str, Any]) -> list[list[int]]:
 @pytest.mark.parametrize("name", sorted(FIXTURE["cases"]))
 def test_frames_identical_to_nvidia_reference(checkpoint: Path, name: str) -> None:
     case = FIXTURE["cases"][name]
-    expected = [[frame["text"], *frame["audio"]] for frame in case["frames"]]
+    expected = expected_frames(case)
     got = run_ours(checkpoint, case)
     mismatched = [index for index, (e, g) in enumerate(zip(expected, got)) if e != g]
     assert not mismatched, (
@@ -73,3 +85,28 @@ def test_frames_identical_to_nvidia_reference(checkpoint: Path, name: str) -> No
     # The comparison only means something if the model produces varied tokens.
     assert len({frame[0] for frame in expected}) > 3
     assert len({code for frame in expected for code in frame[1:]}) > 10
+
+
+def test_a_call_joining_a_batch_midway_matches_the_reference_and_disturbs_nobody(
+    checkpoint: Path,
+) -> None:
+    first, second = FIXTURE["cases"]["voice_pt_and_persona"], FIXTURE["cases"]["prewrapped_persona"]
+    lm = lm_config.load_lm(lm_config.load_checkpoint_info(checkpoint), "cpu", torch.float32)
+    stepper = LMStepper(lm, 2)
+    only_first = torch.tensor([True, False])
+    run_prefill(stepper, 0, plan_for(checkpoint, first))
+    first_user = torch.tensor(first["user_codes"], dtype=torch.long)
+    second_user = torch.tensor(second["user_codes"], dtype=torch.long)
+    joined_at = 7
+    got_first, got_second = [], []
+    for index in range(joined_at):
+        codes = torch.stack([first_user[:, index], torch.zeros(8, dtype=torch.long)])
+        got_first.append(row(stepper.step(codes, active=only_first), 0))
+    run_prefill(stepper, 1, plan_for(checkpoint, second))  # slot 0 frozen meanwhile
+    for index in range(joined_at, len(first["frames"])):
+        codes = torch.stack([first_user[:, index], second_user[:, index - joined_at]])
+        out = stepper.step(codes)
+        got_first.append(row(out, 0))
+        got_second.append(row(out, 1))
+    assert got_first == expected_frames(first)
+    assert got_second == expected_frames(second)[: len(got_second)]
