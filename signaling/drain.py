@@ -121,7 +121,7 @@ def setup(app: web.Application, seconds: float) -> DrainController:
     return controller
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
+def add_arguments(parser: argparse._ActionsContainer) -> None:
     parser.add_argument(
         "--drain-seconds", type=float, default=DEFAULT_DRAIN_SECONDS, metavar="S",
         help="on SIGTERM or POST /admin/drain: stop admitting, let live calls run up to S "
