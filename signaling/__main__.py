@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from aiohttp import web
 from aiohttp.web_runner import GracefulExit
 
+from agent import json_log
 from agent.cli_errors import exit_with_error
 from agent.media_agent import DEFAULT_CODECS, AgentSettings, MediaAgent
 from agent.call import CallSettings
@@ -82,7 +83,10 @@ def build_parser() -> argparse.ArgumentParser:
     calls.add_argument("--ice-host", action="append", default=None, metavar="ADDR",
                        help="gather ICE host candidates only on this address (repeatable; "
                        "default: every interface; 127.0.0.1 keeps calls on loopback)")
-    parser.add_argument("--log-level", default="INFO")
+    parser.add_argument("--log-level", default="INFO",
+                        help="DEBUG, INFO, WARNING or ERROR (default INFO; debug also shows "
+                        "the traceback behind a start-up error)")
+    json_log.add_arguments(parser)
     slow = parser.add_argument_group("slow clients")
     header_s, body_s = slow_clients.DEFAULT_HEADER_TIMEOUT, slow_clients.DEFAULT_BODY_TIMEOUT
     slow.add_argument("--header-timeout", type=float, default=header_s, metavar="S",
@@ -151,6 +155,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     media_stream_path = "/" + args.media_stream_path.lstrip("/")
     for handler in logging.getLogger().handlers:
         handler.addFilter(RedactingFilter([media_stream_path]))
+    if args.log_format == "json":
+        json_log.use_json()
     # aioice logs every candidate pair check at INFO: one line per call is enough here.
     logging.getLogger("aioice").setLevel(max(logging.WARNING, logging.getLogger().level))
     try:
