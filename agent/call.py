@@ -28,7 +28,8 @@ from .framing import FrameAssembler
 from .outbound import AgentAudioTrack
 from .playout import PlayoutBuffer
 from .realtime_session import session_config_from_realtime
-from .plugins.base import Plugin, PluginError, SessionConfig, StepOutput
+from .errors import AgentError
+from .plugins.base import Plugin, SessionConfig, StepOutput
 from .task_owner import TaskOwner
 from .ticker import TickedSession, Ticker
 
@@ -158,8 +159,12 @@ class Call:
 
     async def _teardown(self) -> None:
         self.tasks.cancel_all()
-        if self.ticked is not None:
-            await self.ticker.close_session(self.ticked)
+        try:
+            if self.ticked is not None:
+                await self.ticker.close_session(self.ticked)
+        except Exception:
+            # A plugin failing here must not leave the call registered with its peer open.
+            log.exception("call %s: closing the plugin session failed", self.id)
         self.track.stop()
         try:
             # pc.close() can hang on a dead transport; never let it pin the call.
@@ -267,7 +272,7 @@ class Call:
         )
 
     def on_plugin_error(self, exc: Exception) -> None:
-        if isinstance(exc, PluginError):
+        if isinstance(exc, AgentError):
             self.events.send(error_event_from(exc))
         else:
             self.events.send(
@@ -319,7 +324,7 @@ class Call:
             event = parse_client_event(raw)
             client_event_id = event.get("event_id")
             await self.dispatch(event)
-        except PluginError as exc:
+        except AgentError as exc:
             self.events.send(error_event_from(exc, client_event_id or peek_event_id(raw)))
         except Exception:
             log.exception("call %s: client event failed", self.id)
@@ -335,17 +340,17 @@ class Call:
         elif event_type in ("response.cancel", "output_audio_buffer.clear"):
             await self.new_epoch()
         else:
-            raise PluginError(
+            raise AgentError(
                 "unknown_event", f"unknown event type '{event_type}'", param="type"
             )
 
     async def update_session(self, session: Any) -> None:
         if not isinstance(session, dict):
-            raise PluginError("invalid_type", "'session' must be an object", param="session")
+            raise AgentError("invalid_type", "'session' must be an object", param="session")
         update = session_config_from_realtime(session)
         async with self._update_lock:
             if self.ticked is None:
-                raise PluginError("session_not_ready", "the session is not open yet")
+                raise AgentError("session_not_ready", "the session is not open yet")
             new_config = self.plugin.runtime_config_for_update(self.ticked.config, update)
             await self.ticker.update_session(self.ticked, new_config)
             self.session_config = self.session_config.merged(update)

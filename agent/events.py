@@ -9,7 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 from . import client_json
-from .plugins.base import PluginError
+from .errors import AgentError
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +44,7 @@ def error_event(
     )
 
 
-def error_event_from(exc: PluginError, client_event_id: str | None = None) -> dict[str, Any]:
+def error_event_from(exc: AgentError, client_event_id: str | None = None) -> dict[str, Any]:
     error_type = "server_error" if exc.status >= 500 else "invalid_request_error"
     return error_event(
         exc.code, exc.message, param=exc.param, client_event_id=client_event_id,
@@ -83,27 +83,27 @@ class EventChannel:
 
 
 def parse_client_event(raw: str | bytes) -> dict[str, Any]:
-    """Decode one client event or raise PluginError with the code the client should see."""
+    """Decode one client event or raise AgentError with the code the client should see."""
     if isinstance(raw, bytes):
         if len(raw) > MAX_CLIENT_EVENT_BYTES:
-            raise PluginError("message_too_large", "events are limited to 64 KiB")
+            raise AgentError("message_too_large", "events are limited to 64 KiB")
         try:
             raw = raw.decode("utf-8")
         except UnicodeDecodeError:
-            raise PluginError("invalid_json", "events must be UTF-8 JSON text") from None
+            raise AgentError("invalid_json", "events must be UTF-8 JSON text") from None
     if len(raw.encode("utf-8")) > MAX_CLIENT_EVENT_BYTES:
-        raise PluginError("message_too_large", "events are limited to 64 KiB")
+        raise AgentError("message_too_large", "events are limited to 64 KiB")
     try:
         event = client_json.loads(raw)
     except client_json.ClientJsonError as exc:
-        raise PluginError("invalid_json", f"event is not valid JSON: {exc}") from None
+        raise AgentError("invalid_json", f"event is not valid JSON: {exc}") from None
     if not isinstance(event, dict):
-        raise PluginError("invalid_event", "an event must be a JSON object")
+        raise AgentError("invalid_event", "an event must be a JSON object")
     if not isinstance(event.get("type"), str):
-        raise PluginError("missing_type", "an event needs a string 'type'", param="type")
+        raise AgentError("missing_type", "an event needs a string 'type'", param="type")
     client_event_id = event.get("event_id")
     if client_event_id is not None and not isinstance(client_event_id, str):
-        raise PluginError("invalid_type", "'event_id' must be a string", param="event_id")
+        raise AgentError("invalid_type", "'event_id' must be a string", param="event_id")
     return event
 
 

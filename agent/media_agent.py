@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+import aiortc
 from aiortc import RTCConfiguration, RTCIceServer, RTCPeerConnection, RTCSessionDescription
 
 from .call import Call, CallSettings, new_call_id
@@ -17,6 +18,8 @@ from .plugins.base import Plugin, PluginError, SessionConfig
 from .rtc_tuning import (
     accept_rsa_dtls_peers,
     decode_audio_inline,
+    is_no_common_codec,
+    missing_internals,
     negotiated_codecs,
     restrict_codecs,
     set_audio_jitter_prefetch,
@@ -71,6 +74,10 @@ class MediaAgent:
 
     async def start(self) -> None:
         if not self._started:
+            missing = await missing_internals()
+            if missing:
+                log.warning("aiortc %s lacks internals this agent tunes; using aiortc's own "
+                            "path for: %s", aiortc.__version__, "; ".join(missing))
             await self.plugin.start()
             self._started = True
 
@@ -139,7 +146,7 @@ class MediaAgent:
             await pc.setRemoteDescription(
                 RTCSessionDescription(sdp=with_explicit_directions(sdp), type="offer"))
         except Exception as exc:
-            if "description send parameters" in str(exc):
+            if is_no_common_codec(exc):
                 raise CallError(
                     "no_common_codec", "none of the offered audio codecs is supported"
                 ) from None

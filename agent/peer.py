@@ -31,7 +31,7 @@ from .clock import MonotonicClock
 from .encoding import PTIME, InlineAudioEncoder
 from .outbound import float_to_s16
 from .pacer import Pacer
-from .rtc_tuning import accept_rsa_dtls_peers, limit_host_addresses
+from .rtc_tuning import accept_rsa_dtls_peers, limit_host_addresses, negotiated_codecs
 from .testsignal import make_test_signal, measure_echo
 
 PEER_RATE = 48000
@@ -336,7 +336,7 @@ async def run_call(
         report.connected = True
         report.connect_seconds = round(time.monotonic() - started, 3)
         for transceiver in pc.getTransceivers():
-            codecs = getattr(transceiver, "_codecs", [])
+            codecs = negotiated_codecs(transceiver)
             if codecs:
                 report.codec = codecs[0].mimeType.split("/")[-1]
         try:

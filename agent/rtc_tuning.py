@@ -11,7 +11,7 @@ from typing import Any
 
 import av
 
-from aiortc import RTCRtpReceiver, RTCRtpTransceiver
+from aiortc import RTCPeerConnection, RTCRtpReceiver, RTCRtpTransceiver
 from aiortc.codecs import get_decoder
 from aiortc.jitterbuffer import JitterBuffer, JitterFrame
 from aiortc.rtcdtlstransport import RTCCertificate
@@ -137,7 +137,17 @@ def decode_audio_inline(receiver: RTCRtpReceiver) -> bool:
 
 
 def negotiated_codecs(transceiver: RTCRtpTransceiver) -> list[RTCRtpCodecParameters]:
+    """The codecs negotiated for a transceiver (empty where aiortc no longer exposes them)."""
     return list(getattr(transceiver, "_codecs", []))
+
+
+def is_no_common_codec(exc: Exception) -> bool:
+    """Whether setRemoteDescription failed because no offered codec is one aiortc has.
+
+    aiortc says so only in its message text; if that text changes the caller still gets a
+    coded 400 (invalid_sdp), only a less precise one.
+    """
+    return "description send parameters" in str(exc)
 
 
 def restrict_codecs(transceiver: RTCRtpTransceiver, allowed: list[str]) -> list[str]:
@@ -149,6 +159,9 @@ def restrict_codecs(transceiver: RTCRtpTransceiver, allowed: list[str]) -> list[
     PCMU while the agent sends Opus). Must run after setRemoteDescription and before
     createAnswer. Returns what is left (empty: no common codec).
     """
+    if not hasattr(transceiver, "_codecs"):
+        log.warning("aiortc internals changed: codecs left to aiortc's own negotiation")
+        return list(allowed)
     order = [name.lower() for name in allowed]
     codecs = [
         codec for codec in negotiated_codecs(transceiver)
@@ -219,3 +232,26 @@ def accept_rsa_dtls_peers() -> bool:
     _original_ssl_context = original
     RTCCertificate._create_ssl_context = create_ssl_context  # type: ignore[method-assign]
     return True
+
+
+async def missing_internals() -> list[str]:
+    """The aiortc internals this module relies on that the installed aiortc lacks.
+
+    Checked once at start-up so an aiortc upgrade shows up as one clear log line; each
+    adjustment also falls back to aiortc's own behaviour by itself when its name is gone.
+    """
+    missing = []
+    if not hasattr(RTCCertificate, "_create_ssl_context"):
+        missing.append("RTCCertificate._create_ssl_context (DTLS stays ECDSA-only)")
+    pc = RTCPeerConnection()
+    try:
+        transceiver = pc.addTransceiver("audio")
+        if not hasattr(transceiver, "_codecs"):
+            missing.append("RTCRtpTransceiver._codecs (codec choice left to aiortc)")
+        for attribute, fallback in (("_RTCRtpReceiver__jitter_buffer", "aiortc's jitter depth"),
+                                    ("_RTCRtpReceiver__decoder_queue", "decoding on aiortc's thread")):
+            if not hasattr(transceiver.receiver, attribute):
+                missing.append(f"RTCRtpReceiver.{attribute.split('__')[-1]} ({fallback})")
+    finally:
+        await pc.close()
+    return missing

@@ -12,13 +12,13 @@ from dataclasses import dataclass, field
 from aiortc import RTCIceCandidate, RTCPeerConnection
 from aiortc.sdp import candidate_from_sdp
 
+from .errors import AgentError
+
 MAX_CANDIDATES = 64
 
 
-class TrickleError(Exception):
-    def __init__(self, status: int, code: str, message: str) -> None:
-        super().__init__(message)
-        self.status, self.code, self.message = status, code, message
+class TrickleError(AgentError):
+    """A trickled ICE fragment that cannot be applied."""
 
 
 @dataclass
@@ -33,10 +33,9 @@ def _candidate(value: str, mid: str | None, index: int) -> RTCIceCandidate:
     try:
         candidate = candidate_from_sdp(value)
     except (AssertionError, ValueError, IndexError):
-        raise TrickleError(400, "invalid_candidate", f"bad candidate line: {value[:80]!r}"
-                           ) from None
+        raise TrickleError("invalid_candidate", f"bad candidate line: {value[:80]!r}") from None
     if candidate.component not in (1, 2) or not 0 < candidate.port < 65536:
-        raise TrickleError(400, "invalid_candidate", f"bad candidate line: {value[:80]!r}")
+        raise TrickleError("invalid_candidate", f"bad candidate line: {value[:80]!r}")
     candidate.sdpMid = mid
     candidate.sdpMLineIndex = index
     return candidate
@@ -74,16 +73,16 @@ def parse_sdpfrag(text: str) -> SdpFragment:
             fragment.ice_pwd = line[len("a=ice-pwd:"):]
         elif line.startswith("a=candidate:"):
             if index < 0:
-                raise TrickleError(400, "invalid_sdpfrag", "a candidate before any m= line")
+                raise TrickleError("invalid_sdpfrag", "a candidate before any m= line")
             pending.append(line[len("a=candidate:"):])
         elif line == "a=end-of-candidates":
             ended = True
         elif line.startswith(("a=", "m=")):
             continue  # other attributes (ice-options, group) carry nothing to apply here
         else:
-            raise TrickleError(400, "invalid_sdpfrag", f"not an SDP fragment line: {line[:80]!r}")
+            raise TrickleError("invalid_sdpfrag", f"not an SDP fragment line: {line[:80]!r}")
         if len(fragment.candidates) + len(pending) > MAX_CANDIDATES:
-            raise TrickleError(400, "too_many_candidates",
+            raise TrickleError("too_many_candidates",
                                f"at most {MAX_CANDIDATES} candidates per request")
     flush()
     return fragment
@@ -107,23 +106,23 @@ async def apply_sdpfrag(pc: RTCPeerConnection, fragment: SdpFragment) -> int:
     """Add the fragment's candidates to `pc`; returns how many were added."""
     remote = pc.remoteDescription
     if remote is None:
-        raise TrickleError(409, "no_remote_description", "the call has no offer yet")
+        raise TrickleError("no_remote_description", "the call has no offer yet", status=409)
     ufrags = remote_ice_ufrags(remote.sdp)
     if fragment.ice_ufrag is not None and fragment.ice_ufrag not in ufrags:
-        raise TrickleError(422, "ice_restart_unsupported",
-                           "ICE restarts are not supported; start a new call")
+        raise TrickleError("ice_restart_unsupported",
+                           "ICE restarts are not supported; start a new call", status=422)
     mids = known_mids(remote.sdp)
     for candidate in fragment.candidates:
         if candidate.sdpMid is not None and candidate.sdpMid not in mids:
-            raise TrickleError(400, "unknown_mid", f"no media section with mid {candidate.sdpMid!r}")
+            raise TrickleError("unknown_mid", f"no media section with mid {candidate.sdpMid!r}")
         if candidate.sdpMid is None and not 0 <= (candidate.sdpMLineIndex or 0) < len(mids):
-            raise TrickleError(400, "unknown_mid", "a candidate names no known media section")
+            raise TrickleError("unknown_mid", "a candidate names no known media section")
     for candidate in fragment.candidates:
         try:
             await pc.addIceCandidate(candidate)
         except ValueError:
             # aioice refuses candidates after end-of-candidates; so does the standard.
-            raise TrickleError(400, "candidates_ended",
+            raise TrickleError("candidates_ended",
                                "end-of-candidates was already signalled") from None
     if fragment.ended_mids:
         await pc.addIceCandidate(None)

@@ -18,7 +18,8 @@ from agent import json_log
 from agent.cli_errors import exit_with_error
 from agent.media_agent import DEFAULT_CODECS, AgentSettings, MediaAgent
 from agent.call import CallSettings
-from agent.plugins.base import PluginError, PluginOptions
+from agent.errors import AgentError
+from agent.plugins.base import PluginOptions
 from agent.plugins.registry import available_plugins, load_plugin
 from agent.redact import RedactingFilter
 from agent.rtc_tuning import limit_host_addresses, parse_codec_list
@@ -165,7 +166,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         exit_with_error("tls_invalid", f"tls: {exc}", cause=exc)
     try:
         plugin = load_plugin(args.plugin, plugin_options_from_args(args))
-    except PluginError as exc:
+    except AgentError as exc:
         exit_with_error(exc.code, exc.message, cause=exc)
     if args.ice_host:
         limit_host_addresses(args.ice_host)
@@ -193,7 +194,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         web.run_app(app, host=args.host, port=args.port, ssl_context=ssl_context,
                     print=listening, handle_signals=True,
                     loop=slow_clients.guarded_event_loop(args.header_timeout))
-    except PluginError as exc:  # the plugin loads its model at start-up: bad dir, voice, ...
+    except AgentError as exc:  # the plugin loads its model at start-up: bad dir, voice, ...
         exit_with_error(exc.code, exc.message, cause=exc)
     except OSError as exc:
         if exc.errno == errno.EADDRINUSE:

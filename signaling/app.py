@@ -10,11 +10,11 @@ from aiohttp import web
 
 from agent.log_safe import printable
 from agent.media_agent import MediaAgent
-from agent.plugins.base import PluginError
+from agent.errors import AgentError
 
 from . import drain, health, metrics, offer, realtime_api, slow_clients, telephony
 from .auth import AuthSettings
-from .errors import ApiError, from_plugin_error, json_error
+from .errors import error_response, json_error
 from .keys import AGENT_KEY
 
 log = logging.getLogger(__name__)
@@ -29,10 +29,8 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     try:
         return await handler(request)
-    except ApiError as exc:
-        return exc.response()
-    except PluginError as exc:
-        return from_plugin_error(exc)
+    except AgentError as exc:
+        return error_response(exc)
     except web.HTTPRequestEntityTooLarge:
         return json_error(413, "body_too_large", f"request bodies are limited to {MAX_BODY_BYTES} bytes")
     except web.HTTPException as exc:

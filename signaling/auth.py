@@ -39,7 +39,7 @@ from aiohttp import web
 from agent.plugins.base import SessionConfig
 from agent.realtime_session import session_config_from_realtime
 
-from .errors import ApiError, read_json_object
+from .errors import ApiError, error_response, read_json_object
 from .keys import AGENT_KEY
 
 API_KEY_ENV = "AGENT_API_KEY"
@@ -107,13 +107,13 @@ class SecretStore:
                         if s.tenant == tenant and s.call_id is None)
         if unclaimed >= self.max_per_tenant:
             # One key's unused secrets must not fill the store for every other key.
-            raise ApiError(429, "too_many_secrets",
+            raise ApiError("too_many_secrets",
                            f"this key already has {unclaimed} unused ephemeral secrets "
                            "(--max-secrets-per-key); let some expire or use them",
-                           headers={"Retry-After": "5"})
+                           headers={"Retry-After": "5"}, status=429)
         if len(self._secrets) >= MAX_LIVE_SECRETS:
-            raise ApiError(503, "too_many_secrets", "too many unexpired secrets; retry later",
-                           headers={"Retry-After": "5"})
+            raise ApiError("too_many_secrets", "too many unexpired secrets; retry later",
+                           headers={"Retry-After": "5"}, status=503)
         value = SECRET_PREFIX + secrets.token_urlsafe(24)
         secret = EphemeralSecret(_hash(value), tenant, time.time() + ttl, session)
         self._secrets[secret.value_hash] = secret
@@ -160,9 +160,9 @@ class Principal:
         if self.secret is None:
             return
         if self.secret.in_use:
-            raise ApiError(401, "secret_used", "this ephemeral secret was already used")
+            raise ApiError("secret_used", "this ephemeral secret was already used", status=401)
         if self.secret.expired():
-            raise ApiError(401, "secret_expired", "this ephemeral secret has expired")
+            raise ApiError("secret_expired", "this ephemeral secret has expired", status=401)
         self.secret.in_use = True
 
     def release(self) -> None:
@@ -192,8 +192,8 @@ def bearer_token(request: web.Request) -> str | None:
         return None
     scheme, _, token = header.strip().partition(" ")
     if scheme.lower() != "bearer" or not token.strip():
-        raise ApiError(401, "invalid_authorization",
-                       "the Authorization header must be 'Bearer <key>'")
+        raise ApiError("invalid_authorization",
+                       "the Authorization header must be 'Bearer <key>'", status=401)
     return token.strip()
 
 
@@ -222,8 +222,8 @@ def authenticate(request: web.Request) -> Principal:
     if token is None:
         if settings.open:
             return OPEN
-        raise ApiError(401, "missing_api_key", "this server needs 'Authorization: Bearer <key>'",
-                       headers={"WWW-Authenticate": "Bearer"})
+        raise ApiError("missing_api_key", "this server needs 'Authorization: Bearer <key>'",
+                       headers={"WWW-Authenticate": "Bearer"}, status=401)
     if not settings.open:
         key = match_key(token, settings.api_keys)
         if key is not None:
@@ -232,16 +232,16 @@ def authenticate(request: web.Request) -> Principal:
         secret = request.app[SECRETS_KEY].find(token, request.app[AGENT_KEY].calls)
         if secret is not None:
             if not secret_may_use(request):
-                raise ApiError(403, "secret_not_allowed",
-                               "an ephemeral secret may only create and manage its own call")
+                raise ApiError("secret_not_allowed",
+                               "an ephemeral secret may only create and manage its own call", status=403)
             if secret.call_id is None and secret.expired():
-                raise ApiError(401, "secret_expired", "this ephemeral secret has expired",
-                               headers={"WWW-Authenticate": "Bearer"})
+                raise ApiError("secret_expired", "this ephemeral secret has expired",
+                               headers={"WWW-Authenticate": "Bearer"}, status=401)
             return Principal("secret", secret.tenant, secret)
-        raise ApiError(401, "invalid_secret", "unknown or expired ephemeral secret",
-                       headers={"WWW-Authenticate": "Bearer"})
-    raise ApiError(401, "invalid_api_key", "the API key is not valid",
-                   headers={"WWW-Authenticate": "Bearer"})
+        raise ApiError("invalid_secret", "unknown or expired ephemeral secret",
+                       headers={"WWW-Authenticate": "Bearer"}, status=401)
+    raise ApiError("invalid_api_key", "the API key is not valid",
+                   headers={"WWW-Authenticate": "Bearer"}, status=401)
 
 
 def _open_token(request: web.Request) -> str | None:
@@ -270,7 +270,7 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
     try:
         request[PRINCIPAL] = authenticate(request)
     except ApiError as exc:
-        return exc.response()
+        return error_response(exc)
     return await handler(request)
 
 
@@ -291,18 +291,18 @@ def _ttl_from(body: dict[str, Any], default: float) -> float:
     if expires_after is None:
         return default
     if not isinstance(expires_after, dict):
-        raise ApiError(400, "invalid_type", "'expires_after' must be an object",
+        raise ApiError("invalid_type", "'expires_after' must be an object",
                        param="expires_after")
     anchor = expires_after.get("anchor", "created_at")
     if anchor != "created_at":
-        raise ApiError(400, "invalid_value", "'expires_after.anchor' must be \"created_at\"",
+        raise ApiError("invalid_value", "'expires_after.anchor' must be \"created_at\"",
                        param="expires_after.anchor")
     seconds = expires_after.get("seconds", default)
     if isinstance(seconds, bool) or not isinstance(seconds, (int, float)):
-        raise ApiError(400, "invalid_type", "'expires_after.seconds' must be a number",
+        raise ApiError("invalid_type", "'expires_after.seconds' must be a number",
                        param="expires_after.seconds")
     if not 1 <= seconds <= MAX_SECRET_TTL:
-        raise ApiError(400, "invalid_value",
+        raise ApiError("invalid_value",
                        f"'expires_after.seconds' must be between 1 and {MAX_SECRET_TTL:g}",
                        param="expires_after.seconds")
     return float(seconds)
@@ -311,11 +311,11 @@ def _ttl_from(body: dict[str, Any], default: float) -> float:
 async def post_client_secret(request: web.Request) -> web.Response:
     principal = principal_of(request)
     if principal.secret is not None:  # authenticate() refuses this already; belt and braces
-        raise ApiError(403, "secret_not_allowed", "an ephemeral secret cannot mint secrets")
+        raise ApiError("secret_not_allowed", "an ephemeral secret cannot mint secrets", status=403)
     body: dict[str, Any] = {}
     if request.can_read_body:
         if request.content_type != "application/json":
-            raise ApiError(415, "unsupported_media_type", "send application/json")
+            raise ApiError("unsupported_media_type", "send application/json", status=415)
         body = await read_json_object(request)
     ttl = _ttl_from(body, request.app[AUTH_SETTINGS_KEY].secret_ttl_seconds)
     session = None

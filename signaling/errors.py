@@ -7,7 +7,7 @@ from typing import Any
 from aiohttp import web
 
 from agent import client_json
-from agent.plugins.base import PluginError
+from agent.errors import AgentError
 
 
 def json_error(
@@ -20,36 +20,30 @@ def json_error(
     return web.json_response({"error": error}, status=status, headers=headers)
 
 
-def from_plugin_error(exc: PluginError, headers: dict[str, str] | None = None) -> web.Response:
-    if exc.status == 503:
-        headers = {"Retry-After": "5", **(headers or {})}
-    return json_error(exc.status, exc.code, exc.message, param=exc.param, headers=headers)
-
-
 async def read_json_object(request: web.Request) -> dict[str, Any]:
     """The request body as a JSON object, or a coded 4xx raised as web.HTTPException."""
     if request.content_type != "application/json":
         # text/plain and forms are CORS "simple requests" a foreign page can send without
         # a preflight; refusing them keeps JSON routes out of reach of such pages.
-        raise ApiError(415, "unsupported_media_type", "send the body as application/json")
+        raise ApiError("unsupported_media_type", "send the body as application/json", status=415)
     try:
         body = client_json.loads(await request.read())
     except web.HTTPRequestEntityTooLarge:
         raise
     except client_json.ClientJsonError as exc:
-        raise ApiError(400, "invalid_json", f"the request body is not valid JSON: {exc}") from None
+        raise ApiError("invalid_json", f"the request body is not valid JSON: {exc}") from None
     if not isinstance(body, dict):
-        raise ApiError(400, "invalid_json", "the request body must be a JSON object")
+        raise ApiError("invalid_json", "the request body must be a JSON object")
     return body
 
 
-class ApiError(Exception):
-    def __init__(self, status: int, code: str, message: str, *, param: str | None = None,
-                 headers: dict[str, str] | None = None) -> None:
-        super().__init__(message)
-        self.status, self.code, self.message, self.param = status, code, message, param
-        self.headers = headers
+class ApiError(AgentError):
+    """A refusal made by the HTTP layer itself (auth, limits, routing)."""
 
-    def response(self) -> web.Response:
-        return json_error(self.status, self.code, self.message, param=self.param,
-                          headers=self.headers)
+
+def error_response(exc: AgentError) -> web.Response:
+    """Every coded error as HTTP: the JSON body, and `Retry-After` on 503."""
+    headers = exc.headers
+    if exc.status == 503:
+        headers = {"Retry-After": "5", **(headers or {})}
+    return json_error(exc.status, exc.code, exc.message, param=exc.param, headers=headers)

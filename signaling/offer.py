@@ -15,9 +15,9 @@ async def post_offer(request: web.Request) -> web.Response:
     agent: MediaAgent = request.app[AGENT_KEY]
     body = await read_json_object(request)
     if body.get("type") != "offer":
-        raise ApiError(400, "invalid_type", "'type' must be \"offer\"", param="type")
+        raise ApiError("invalid_type", "'type' must be \"offer\"", param="type")
     if "sdp" not in body:
-        raise ApiError(400, "missing_sdp", "'sdp' is required", param="sdp")
+        raise ApiError("missing_sdp", "'sdp' is required", param="sdp")
     session = SessionConfig.from_json(body.get("session"))
     call, answer_sdp = await agent.create_call(body["sdp"], session)
     return web.json_response({"sdp": answer_sdp, "type": "answer", "call_id": call.id})

@@ -20,7 +20,7 @@ from agent.media_agent import MediaAgent
 from agent.plugins.base import SessionConfig
 from agent.realtime_session import session_config_from_realtime
 from agent.sdp import MAX_SDP_BYTES
-from agent.trickle import TrickleError, apply_sdpfrag, parse_sdpfrag
+from agent.trickle import apply_sdpfrag, parse_sdpfrag
 
 from .auth import Principal, principal_of, secret_session
 from .errors import ApiError
@@ -63,9 +63,9 @@ class CallResources:
         resource = self._resources.get(call_id)
         if resource is None or call_id not in self.agent.calls:
             self._resources.pop(call_id, None)
-            raise ApiError(404, "call_not_found", "no such call", param="call_id")
+            raise ApiError("call_not_found", "no such call", param="call_id", status=404)
         if not principal.may_manage(resource.owner):
-            raise ApiError(404, "call_not_found", "no such call", param="call_id")
+            raise ApiError("call_not_found", "no such call", param="call_id", status=404)
         return resource
 
     def __len__(self) -> int:
@@ -82,10 +82,10 @@ def media_type(request: web.Request) -> str:
 
 async def read_limited(request: web.Request, limit: int, what: str) -> bytes:
     if request.content_length is not None and request.content_length > limit:
-        raise ApiError(413, "body_too_large", f"{what} is limited to {limit} bytes")
+        raise ApiError("body_too_large", f"{what} is limited to {limit} bytes", status=413)
     body = await request.read()
     if len(body) > limit:
-        raise ApiError(413, "body_too_large", f"{what} is limited to {limit} bytes")
+        raise ApiError("body_too_large", f"{what} is limited to {limit} bytes", status=413)
     return body
 
 
@@ -93,7 +93,7 @@ def decode_text(body: bytes, param: str) -> str:
     try:
         return body.decode("utf-8")
     except UnicodeDecodeError:
-        raise ApiError(400, "invalid_encoding", f"'{param}' must be UTF-8 text",
+        raise ApiError("invalid_encoding", f"'{param}' must be UTF-8 text",
                        param=param) from None
 
 
@@ -106,57 +106,57 @@ async def read_offer(request: web.Request) -> tuple[str, SessionConfig | None]:
     if kind == MULTIPART_TYPE:
         return await read_multipart_offer(request)
     raise ApiError(
-        415, "unsupported_media_type",
+        "unsupported_media_type",
         f"send the offer as {SDP_TYPE} or {MULTIPART_TYPE} (sdp, session)",
-        headers={"Accept-Post": f"{SDP_TYPE}, {MULTIPART_TYPE}"},
+        status=415, headers={"Accept-Post": f"{SDP_TYPE}, {MULTIPART_TYPE}"},
     )
 
 
 async def read_multipart_offer(request: web.Request) -> tuple[str, SessionConfig | None]:
     # Streaming multipart reads bypass aiohttp's body limit, so bound the whole body here.
     if request.content_length is None:
-        raise ApiError(411, "length_required", "multipart offers need a Content-Length")
+        raise ApiError("length_required", "multipart offers need a Content-Length", status=411)
     if request.content_length > MAX_MULTIPART_BYTES:
-        raise ApiError(413, "body_too_large",
-                       f"multipart offers are limited to {MAX_MULTIPART_BYTES} bytes")
+        raise ApiError("body_too_large",
+                       f"multipart offers are limited to {MAX_MULTIPART_BYTES} bytes", status=413)
     try:
         reader = await request.multipart()
     except Exception:
-        raise ApiError(400, "invalid_multipart", "the multipart body cannot be read") from None
+        raise ApiError("invalid_multipart", "the multipart body cannot be read") from None
     fields: dict[str, bytes] = {}
     limits = {"sdp": MAX_SDP_BYTES, "session": MAX_SESSION_JSON_BYTES}
     try:
         while (part := await reader.next()) is not None:
             name = getattr(part, "name", None)
             if name not in limits:
-                raise ApiError(400, "unknown_field",
+                raise ApiError("unknown_field",
                                f"unknown form field {name!r} (expected sdp, session)")
             if name in fields:
-                raise ApiError(400, "duplicate_field", f"form field '{name}' appears twice",
+                raise ApiError("duplicate_field", f"form field '{name}' appears twice",
                                param=name)
             data = bytearray()
             while chunk := await part.read_chunk(8192):  # type: ignore[union-attr]
                 data += chunk
                 if len(data) > limits[name]:
-                    raise ApiError(413, "body_too_large",
+                    raise ApiError("body_too_large",
                                    f"form field '{name}' is limited to {limits[name]} bytes",
-                                   param=name)
+                                   param=name, status=413)
             fields[name] = bytes(data)
     except ApiError:
         raise
     except web.HTTPRequestEntityTooLarge:
         raise
     except Exception:
-        raise ApiError(400, "invalid_multipart", "the multipart body is malformed") from None
+        raise ApiError("invalid_multipart", "the multipart body is malformed") from None
     if "sdp" not in fields:
-        raise ApiError(400, "missing_sdp", "form field 'sdp' is required", param="sdp")
+        raise ApiError("missing_sdp", "form field 'sdp' is required", param="sdp")
     sdp = decode_text(fields["sdp"], "sdp")
     session = None
     if "session" in fields:
         try:
             obj: Any = client_json.loads(decode_text(fields["session"], "session"))
         except client_json.ClientJsonError:
-            raise ApiError(400, "invalid_json", "form field 'session' is not valid JSON",
+            raise ApiError("invalid_json", "form field 'session' is not valid JSON",
                            param="session") from None
         session = session_config_from_realtime(obj, param="session")
     return sdp, session
@@ -201,7 +201,7 @@ async def get_call(request: web.Request) -> web.Response:
     )
     call = request.app[AGENT_KEY].calls.get(resource.call_id)
     if call is None:
-        raise ApiError(404, "call_not_found", "no such call", param="call_id")
+        raise ApiError("call_not_found", "no such call", param="call_id", status=404)
     return web.json_response(
         {"id": call.id, "object": "realtime.call", "status": "active",
          "session": call.describe_session(), "stats": call.stats()},
@@ -228,18 +228,14 @@ async def patch_call(request: web.Request) -> web.Response:
     )
     if_match = request.headers.get("If-Match")
     if if_match is not None and if_match.strip() not in ("*", resource.etag):
-        raise ApiError(412, "etag_mismatch", "If-Match does not name this call's ETag")
+        raise ApiError("etag_mismatch", "If-Match does not name this call's ETag", status=412)
     if media_type(request) != TRICKLE_TYPE:
-        raise ApiError(415, "unsupported_media_type", f"trickle candidates as {TRICKLE_TYPE}")
+        raise ApiError("unsupported_media_type", f"trickle candidates as {TRICKLE_TYPE}", status=415)
     body = decode_text(await read_limited(request, MAX_SDP_BYTES, "the SDP fragment"), "sdp")
     call = request.app[AGENT_KEY].calls.get(resource.call_id)
     if call is None:
-        raise ApiError(404, "call_not_found", "no such call", param="call_id")
-    try:
-        fragment = parse_sdpfrag(body)
-        await apply_sdpfrag(call.pc, fragment)
-    except TrickleError as exc:
-        raise ApiError(exc.status, exc.code, exc.message) from None
+        raise ApiError("call_not_found", "no such call", param="call_id", status=404)
+    await apply_sdpfrag(call.pc, parse_sdpfrag(body))  # TrickleError is a coded 4xx
     return web.Response(status=204, headers={"ETag": resource.etag})
 
 

@@ -84,8 +84,8 @@ async def media_stream(request: web.Request) -> web.StreamResponse:
     agent = request.app[AGENT_KEY]
     socket = web.WebSocketResponse(max_msg_size=MAX_WS_MESSAGE_BYTES, compress=False)
     if not socket.can_prepare(request).ok:
-        raise ApiError(426, "websocket_required", "this endpoint speaks WebSocket only",
-                       headers={"Upgrade": "websocket"})
+        raise ApiError("websocket_required", "this endpoint speaks WebSocket only",
+                       headers={"Upgrade": "websocket"}, status=426)
 
     async def close_socket(code: int, message: str) -> None:
         await socket.close(code=code, message=message.encode("utf-8")[:120])
@@ -120,7 +120,7 @@ async def post_rtp(request: web.Request) -> web.Response:
     session = SessionConfig.from_json(body.get("session"))
     strict = body.get("strict_remote_port", settings.strict_remote_port)
     if not isinstance(strict, bool):
-        raise ApiError(400, "invalid_parameter", "'strict_remote_port' must be true or false",
+        raise ApiError("invalid_parameter", "'strict_remote_port' must be true or false",
                        param="strict_remote_port")
     settings = replace(settings, strict_remote_port=strict)
     leg = await open_rtp_leg(agent, remote, codec, session, settings, dtmf_payload_type)
@@ -136,7 +136,7 @@ async def post_rtp(request: web.Request) -> web.Response:
 def _rtp_leg(request: web.Request) -> RtpLeg:
     leg = request.app[AGENT_KEY].sessions.get(request.match_info["call_id"])
     if not isinstance(leg, RtpLeg):
-        raise ApiError(404, "not_found", "no such RTP leg")
+        raise ApiError("not_found", "no such RTP leg", status=404)
     return leg
 
 

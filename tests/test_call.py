@@ -11,6 +11,8 @@ from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 from agent.call import CallSettings
 from agent.media_agent import AgentSettings
 from agent.peer import SignalTrack, run_call
+from agent.plugins.base import PluginSession
+from agent.plugins.echo import EchoPlugin
 from agent.testsignal import make_test_signal
 
 from support import AgentFactory, RunningAgent, all_freed, wait_until
@@ -81,3 +83,19 @@ async def test_a_vanished_caller_is_ended_by_the_idle_timeout(start_agent: Agent
     await wait_until(lambda: all_freed(running), timeout=10)
     assert call.end_reason == "idle_timeout"
     await pc.close()
+
+
+class CloseFailingEcho(EchoPlugin):
+    """An echo whose plugin session raises when it is closed."""
+
+    def close_session(self, session: PluginSession) -> None:
+        super().close_session(session)
+        raise RuntimeError("close_session failed")
+
+
+async def test_a_plugin_failing_to_close_still_frees_the_call(start_agent: AgentFactory) -> None:
+    running = await start_agent(CloseFailingEcho())
+    report, _, _ = await run_call(running.url, seconds=1.0)
+    assert report.ok
+    await wait_until(lambda: all_freed(running))
+    assert running.agent.health()["active_calls"] == 0

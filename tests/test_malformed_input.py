@@ -11,7 +11,7 @@ from aiortc import RTCPeerConnection, RTCSessionDescription
 
 from agent import client_json
 from agent.events import parse_client_event
-from agent.plugins.base import PluginError
+from agent.errors import AgentError
 from agent.sdp import with_explicit_directions
 from agent.telephony.media_stream import ProtocolError, parse_message
 from support import RunningAgent, all_freed, wait_until
@@ -69,7 +69,7 @@ async def test_deep_multipart_session_is_a_400(echo_agent: RunningAgent) -> None
 
 
 def test_deep_events_are_coded_errors_not_tracebacks() -> None:
-    with pytest.raises(PluginError) as caught:
+    with pytest.raises(AgentError) as caught:
         parse_client_event('{"type": "x", "a": ' + "[" * 30_000 + "]" * 30_000 + "}")
     assert caught.value.code == "invalid_json"
     with pytest.raises(ProtocolError) as stream_error:

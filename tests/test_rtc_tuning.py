@@ -4,14 +4,26 @@ from __future__ import annotations
 
 import asyncio
 
+from typing import Any
+
 import aiohttp
-from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
+import pytest
+from aiortc import RTCConfiguration, RTCPeerConnection, RTCRtpSender, RTCSessionDescription
+from aiortc.rtp import RtpPacket
 from aiortc.rtcdtlstransport import SRTP_AES128_CM_SHA1_80, RTCCertificate, generate_certificate
 from cryptography.hazmat.primitives.asymmetric import rsa
 from OpenSSL import SSL
 
 from agent.peer import SignalTrack, post_offer
-from agent.rtc_tuning import accept_rsa_dtls_peers
+from agent.rtc_tuning import (
+    ImmediateAudioJitterBuffer,
+    accept_rsa_dtls_peers,
+    decode_audio_inline,
+    is_no_common_codec,
+    missing_internals,
+    negotiated_codecs,
+    restrict_codecs,
+)
 from agent.testsignal import make_test_signal
 from support import AgentFactory, all_freed, wait_until
 
@@ -68,3 +80,83 @@ async def test_caller_with_rsa_certificate_connects(start_agent: AgentFactory) -
     finally:
         await caller.close()
     await wait_until(lambda: all_freed(running), timeout=15)
+
+
+async def test_the_installed_aiortc_has_every_internal_this_agent_tunes() -> None:
+    assert await missing_internals() == []
+
+
+def _packet(sequence: int) -> RtpPacket:
+    packet = RtpPacket(payload_type=111, sequence_number=sequence, timestamp=sequence * 960,
+                       payload=bytes([sequence & 0xFF]))
+    packet._data = packet.payload  # type: ignore[attr-defined]  # aiortc's depayloaded data
+    return packet
+
+
+def test_immediate_jitter_buffer_releases_in_order_and_drops_late_packets() -> None:
+    buffer = ImmediateAudioJitterBuffer()
+    released = []
+    for sequence in (65534, 65535, 0, 65535, 2, 1, 3):  # a duplicate and a late one, across the wrap
+        _, frame = buffer.add(_packet(sequence))
+        if frame is not None:
+            released.append(frame.timestamp // 960)
+    assert released == [65534, 65535, 0, 2, 3]
+
+
+async def _connected_pair(offer_codecs: list[str]) -> tuple[RTCPeerConnection, RTCPeerConnection]:
+    caller, answerer = RTCPeerConnection(), RTCPeerConnection()
+    caller.addTrack(SignalTrack(make_test_signal(2.0)))
+    capabilities = RTCRtpSender.getCapabilities("audio").codecs
+    caller.getTransceivers()[0].setCodecPreferences(
+        [c for c in capabilities if c.mimeType.split("/")[1].lower() in offer_codecs])
+    await caller.setLocalDescription(await caller.createOffer())
+    return caller, answerer
+
+
+async def test_an_offer_without_a_common_codec_is_recognised() -> None:
+    caller, answerer = await _connected_pair(["opus"])
+    sdp = caller.localDescription.sdp.replace("opus/48000/2", "iLBC/8000")
+    try:
+        with pytest.raises(Exception) as failure:
+            await answerer.setRemoteDescription(RTCSessionDescription(sdp=sdp, type="offer"))
+        assert is_no_common_codec(failure.value)
+        assert not is_no_common_codec(ValueError("something else"))
+    finally:
+        await caller.close()
+        await answerer.close()
+
+
+async def test_inline_decoding_and_codec_restriction_on_a_real_call() -> None:
+    caller, answerer = await _connected_pair(["opus", "pcmu"])
+    received = asyncio.Event()
+
+    @answerer.on("track")
+    def on_track(track: Any) -> None:
+        async def read() -> None:
+            frame = await track.recv()
+            assert frame.sample_rate == 8000  # PCMU, decoded on this loop
+            received.set()
+        asyncio.ensure_future(read())
+
+    try:
+        await answerer.setRemoteDescription(caller.localDescription)
+        transceiver = answerer.getTransceivers()[0]
+        assert [c.mimeType for c in negotiated_codecs(transceiver)][:2] == ["audio/opus", "audio/PCMU"]
+        assert restrict_codecs(transceiver, ["PCMU", "opus"]) == ["PCMU"]
+        assert decode_audio_inline(transceiver.receiver)
+
+        transceiver.direction = "recvonly"
+        await answerer.setLocalDescription(await answerer.createAnswer())
+        await caller.setRemoteDescription(answerer.localDescription)
+        await asyncio.wait_for(received.wait(), 20)
+    finally:
+        await caller.close()
+        await answerer.close()
+
+
+def test_codec_restriction_falls_back_to_aiortc_when_its_codec_list_is_gone() -> None:
+    class Renamed:  # a transceiver from an aiortc that renamed `_codecs`
+        pass
+
+    assert restrict_codecs(Renamed(), ["opus"]) == ["opus"]  # type: ignore[arg-type]
+    assert negotiated_codecs(Renamed()) == []  # type: ignore[arg-type]

@@ -20,24 +20,11 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from ..errors import AgentError
 
-class PluginError(Exception):
-    """A refusal with a machine-readable code: HTTP 4xx at offer time, an `error` event later."""
 
-    def __init__(
-        self, code: str, message: str, *, param: str | None = None, status: int = 400
-    ) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
-        self.param = param
-        self.status = status
-
-    def to_dict(self) -> dict[str, Any]:
-        body: dict[str, Any] = {"code": self.code, "message": self.message}
-        if self.param is not None:
-            body["param"] = self.param
-        return body
+class PluginError(AgentError):
+    """A plugin's refusal: HTTP 4xx at offer time, an `error` event later."""
 
 
 SESSION_CONFIG_KEYS = frozenset({"voice", "instructions", "extra_body"})

@@ -29,7 +29,8 @@ from ..framing import FrameAssembler
 from ..pacer import Pacer
 from ..playout import PlayoutBuffer
 from ..rate_limit import TokenBucket
-from ..plugins.base import PluginError, RuntimeConfig, SessionConfig, StepOutput
+from ..errors import AgentError
+from ..plugins.base import RuntimeConfig, SessionConfig, StepOutput
 from ..ticker import TickedSession
 from .codec import PTIME, NarrowbandCodec
 from .downsample import ChunkResampler
@@ -96,11 +97,11 @@ class TelephonyLeg:
         return self.tasks.spawn(coro, name)
 
     async def open_session(self, session_config: SessionConfig) -> RuntimeConfig:
-        """Validate the config with the plugin and take a ticker seat (PluginError if refused)."""
+        """Validate the config with the plugin and take a ticker seat (AgentError if refused)."""
         runtime_config = await self.plugin.prepare_runtime_config(session_config)
         try:
             if self._closing:
-                raise PluginError("session_closed", "the session ended during setup")
+                raise AgentError("session_closed", "the session ended during setup")
             ticked = await self.ticker.open_session(
                 runtime_config, self.on_output, self.on_plugin_error
             )
@@ -109,7 +110,7 @@ class TelephonyLeg:
             raise
         if self._closing:  # closed while the seat was being made
             await self.ticker.close_session(ticked)
-            raise PluginError("session_closed", "the session ended during setup")
+            raise AgentError("session_closed", "the session ended during setup")
         self.ticked = ticked
         self.session_config = session_config
         return runtime_config
@@ -195,7 +196,7 @@ class TelephonyLeg:
         self.queued_samples += len(audio)
 
     def on_plugin_error(self, exc: Exception) -> None:
-        if isinstance(exc, PluginError):
+        if isinstance(exc, AgentError):
             self.report_error(error_event_from(exc))
         else:
             self.report_error(

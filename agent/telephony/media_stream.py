@@ -26,8 +26,9 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from .. import client_json
+from ..errors import AgentError
 from ..log_safe import printable
-from ..plugins.base import PluginError, SessionConfig
+from ..plugins.base import SessionConfig
 from .codec import PCMA, PCMU, NarrowbandCodec
 from .leg import DTMF_BURST, DTMF_DIGITS, DTMF_RATE, TelephonyLeg
 from .marks import MarkQueue
@@ -52,11 +53,8 @@ SendText = Callable[[str], Awaitable[None]]
 CloseSocket = Callable[[int, str], Awaitable[None]]
 
 
-class ProtocolError(Exception):
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
+class ProtocolError(AgentError):
+    """A media-stream message the agent cannot act on."""
 
 
 class MediaStreamSession(TelephonyLeg):
@@ -129,7 +127,7 @@ class MediaStreamSession(TelephonyLeg):
         try:
             session_config = session_config_from_parameters(parameters)
             await self.open_session(session_config)
-        except PluginError as exc:
+        except AgentError as exc:
             # Without a session the stream cannot do anything: say why, then hang up.
             log.warning("media stream %s: start refused: %s: %s", self.id, exc.code,
                         printable(exc.message))
@@ -274,7 +272,7 @@ def session_config_from_parameters(parameters: dict[str, Any]) -> SessionConfig:
         try:
             extra_body = client_json.loads(extra_body)
         except client_json.ClientJsonError:
-            raise PluginError("invalid_session",
+            raise AgentError("invalid_session",
                               "customParameters.extra_body must be a JSON object",
                               param="customParameters.extra_body") from None
     return SessionConfig.from_json(
