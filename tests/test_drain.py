@@ -13,6 +13,7 @@ import aiohttp
 from agent.media_agent import AgentSettings
 from agent.peer import run_call
 from signaling.auth import AuthSettings
+from signaling.drain import DRAIN_KEY
 
 from support import AgentFactory, wait_until
 from test_cli_lifecycle import free_tcp_port, read_until
@@ -158,3 +159,30 @@ async def test_health_ready_fails_while_full_and_recovers(start_agent: AgentFact
         await wait_until(lambda: not running.agent.calls, 20)
         async with http.get(running.url + "/health/ready") as response:
             assert response.status == 200
+
+
+async def test_drain_deadline_stops_a_telephony_leg_cleanly(start_agent: AgentFactory) -> None:
+    running = await start_agent(drain_seconds=0.5)
+    loop = asyncio.get_running_loop()
+    caller, _ = await loop.create_datagram_endpoint(asyncio.DatagramProtocol,
+                                                    local_addr=("127.0.0.1", 0))
+    remote = "127.0.0.1:%d" % caller.get_extra_info("sockname")[1]
+    try:
+        async with aiohttp.ClientSession() as http:
+            async with http.post(running.url + "/v1/telephony/rtp",
+                                 json={"remote": remote}) as response:
+                assert response.status == 201, await response.text()
+            leg = next(iter(running.agent.sessions.values()))
+            async with http.post(running.url + "/admin/drain") as response:
+                assert response.status == 202
+                assert (await response.json())["active_calls"] == 1
+            async with http.post(running.url + "/v1/telephony/rtp",
+                                 json={"remote": remote}) as response:
+                assert response.status == 503
+                assert (await response.json())["error"]["code"] == "draining"
+        await wait_until(lambda: not running.agent.sessions, 20)
+        assert leg.end_reason == "server_draining"
+        controller = running.server.app[DRAIN_KEY]
+        await asyncio.wait_for(controller.done.wait(), 20)
+    finally:
+        caller.close()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 
 import aiohttp
+import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 
 from agent.media_agent import AgentSettings
@@ -100,3 +101,38 @@ async def test_two_apps_in_one_process_keep_separate_registries(
                  transport="webrtc", plugin="echo") == 1
     assert value(await scrape(second.url), "agent_calls_started_total",
                  transport="webrtc", plugin="echo") == 0
+
+
+async def test_an_rtp_leg_is_counted_under_its_transport(echo_agent: RunningAgent) -> None:
+    from aiortc.rtp import RtpPacket
+
+    from agent.telephony.codec import PCMU
+
+    loop = asyncio.get_running_loop()
+    caller, _ = await loop.create_datagram_endpoint(asyncio.DatagramProtocol,
+                                                    local_addr=("127.0.0.1", 0))
+    remote = "127.0.0.1:%d" % caller.get_extra_info("sockname")[1]
+    async with aiohttp.ClientSession() as http:
+        async with http.post(echo_agent.url + "/v1/telephony/rtp",
+                             json={"remote": remote}) as response:
+            assert response.status == 201, await response.text()
+            body = await response.json()
+        host, port = body["local"].rsplit(":", 1)
+        silence = PCMU.encode(np.zeros(160, dtype=np.int16))
+        for index in range(50):  # one second of 20 ms packets, paced
+            caller.sendto(RtpPacket(payload_type=0, sequence_number=index,
+                                    timestamp=index * 160, ssrc=7,
+                                    payload=silence).serialize(), (host, int(port)))
+            await asyncio.sleep(0.02)
+        during = await scrape(echo_agent.url)
+        assert value(during, "agent_active_calls", transport="rtp", plugin="echo") == 1
+        assert value(during, "agent_calls_started_total", transport="rtp", plugin="echo") == 1
+        assert value(during, "agent_outbound_packets_total", transport="rtp") > 5
+        assert value(during, "agent_outbound_bytes_total", transport="rtp") > 5 * 160
+        async with http.delete(f"{echo_agent.url}/v1/telephony/rtp/{body['call_id']}"):
+            pass
+    await wait_until(lambda: not echo_agent.agent.sessions)
+    after = await scrape(echo_agent.url)
+    assert value(after, "agent_active_calls", transport="rtp", plugin="echo") == 0
+    assert value(after, "agent_calls_ended_total", transport="rtp", reason="hangup") == 1
+    caller.close()
