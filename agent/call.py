@@ -29,6 +29,7 @@ from .outbound import AgentAudioTrack
 from .playout import PlayoutBuffer
 from .realtime_session import session_config_from_realtime
 from .errors import AgentError
+from .recording import CallRecorder, recorder_for, take_record_option
 from .plugins.base import Plugin, SessionConfig, StepOutput
 from .task_owner import TaskOwner
 from .ticker import TickedSession, Ticker
@@ -52,6 +53,7 @@ class CallSettings:
     # Data-channel client events a caller may send: a sustained rate per second and a burst.
     client_event_rate: float = 10.0
     client_event_burst: int = 20
+    record_dir: str | None = None  # --record-dir: record every call that does not opt out
 
 
 class Call:
@@ -77,6 +79,7 @@ class Call:
         self.track = AgentAudioTrack(self.playout, self.capabilities.sample_rate)
         self.events = EventChannel()
         self.ticked: TickedSession | None = None
+        self.recorder: CallRecorder | None = None
         self.session_config = SessionConfig()
         self.started_at = time.monotonic()
         self.connected_at: float | None = None
@@ -165,6 +168,8 @@ class Call:
         except Exception:
             # A plugin failing here must not leave the call registered with its peer open.
             log.exception("call %s: closing the plugin session failed", self.id)
+        if self.recorder is not None:
+            await self.recorder.close()
         self.track.stop()
         try:
             # pc.close() can hang on a dead transport; never let it pin the call.
@@ -176,6 +181,15 @@ class Call:
         result = self._on_closed(self)
         if asyncio.iscoroutine(result):
             await result
+
+    def start_recording(self, allowed: bool) -> None:
+        """Record this call if the server records and the caller did not opt out (after the
+        ticker seat is taken)."""
+        self.recorder = recorder_for(self.settings.record_dir, allowed, self.id,
+                                     self.capabilities.sample_rate)
+        if self.recorder is not None and self.ticked is not None:
+            self.ticked.tap = self.recorder.add_tick
+            self.events.observer = self.recorder.add_event
 
     # -- media ------------------------------------------------------------------------------
 
@@ -347,7 +361,8 @@ class Call:
     async def update_session(self, session: Any) -> None:
         if not isinstance(session, dict):
             raise AgentError("invalid_type", "'session' must be an object", param="session")
-        update = session_config_from_realtime(session)
+        # Recording is chosen when the call starts; a later `record` is not the plugin's.
+        update, _ = take_record_option(session_config_from_realtime(session))
         async with self._update_lock:
             if self.ticked is None:
                 raise AgentError("session_not_ready", "the session is not open yet")

@@ -61,6 +61,7 @@ class EventChannel:
 
     def __init__(self) -> None:
         self._send: Callable[[str], None] | None = None
+        self.observer: Callable[[dict[str, Any]], None] | None = None  # sees every event
 
     def attach(self, send: Callable[[str], None]) -> None:
         self._send = send
@@ -73,6 +74,8 @@ class EventChannel:
         return self._send is not None
 
     def send(self, event: dict[str, Any]) -> None:
+        if self.observer is not None:
+            self.observer(event)
         if self._send is None:
             return
         try:

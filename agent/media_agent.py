@@ -15,6 +15,7 @@ from aiortc import RTCConfiguration, RTCIceServer, RTCPeerConnection, RTCSession
 from .call import Call, CallSettings, new_call_id
 from .errors import CallError
 from .plugins.base import Plugin, PluginError, SessionConfig
+from .recording import take_record_option
 from .rtc_tuning import (
     accept_rsa_dtls_peers,
     decode_audio_inline,
@@ -116,6 +117,7 @@ class MediaAgent:
             self._pending_calls -= 1
 
     async def _create_call(self, sdp: str, session: SessionConfig) -> tuple[Call, str]:
+        session, record_allowed = take_record_option(session)
         runtime_config = await self.plugin.prepare_runtime_config(session)
         pc = RTCPeerConnection(RTCConfiguration(iceServers=list(self.settings.ice_servers)))
         call = Call(new_call_id(), pc, self.plugin, self.ticker, self.settings.call, self._forget)
@@ -128,6 +130,7 @@ class MediaAgent:
             call.ticked = await self.ticker.open_session(
                 runtime_config, call.on_output, call.on_plugin_error
             )
+            call.start_recording(record_allowed)
             answer = await pc.createAnswer()
             await pc.setLocalDescription(answer)
         except BaseException:

@@ -68,6 +68,8 @@ class TickerCounters:
 
 OutputHandler = Callable[[StepOutput], None]
 ErrorHandler = Callable[[Exception], None]
+# Sees each tick's caller frame and the agent audio answering it (a recorder).
+TickTap = Callable[[np.ndarray, np.ndarray], None]
 
 
 class TickedSession:
@@ -90,6 +92,7 @@ class TickedSession:
         self.on_output = on_output
         self.on_error = on_error
         self.counters = SessionCounters()
+        self.tap: TickTap | None = None
         self.closed = False
         self._flowing = False  # the last tick's frame was all caller audio
 
@@ -260,10 +263,12 @@ class Ticker:
             self.counters.last_step_ms = elapsed_ms
             self.counters.total_step_ms += elapsed_ms
             self.counters.max_step_ms = max(self.counters.max_step_ms, elapsed_ms)
-        for ticked, output in zip(live, outputs):
+        for ticked, (_, frame), output in zip(live, batch, outputs):
             if ticked.closed:
                 continue
             try:
+                if ticked.tap is not None:
+                    ticked.tap(frame, output.mono_audio())
                 ticked.on_output(output)
             except Exception:
                 log.exception("output handler failed")

@@ -81,6 +81,10 @@ def build_parser() -> argparse.ArgumentParser:
                        "reorder packets)")
     calls.add_argument("--codecs", default=",".join(DEFAULT_CODECS), type=_codec_list,
                        help="accepted audio codecs in preference order (default opus,PCMU,PCMA)")
+    calls.add_argument("--record-dir", default=None, metavar="DIR",
+                       help="record every call to DIR: <call_id>.flac (caller left, agent "
+                       "right) and <call_id>.events.jsonl; a call opts out with "
+                       "extra_body.record=false; retention is the operator's job (default: off)")
     calls.add_argument("--ice-host", action="append", default=None, metavar="ADDR",
                        help="gather ICE host candidates only on this address (repeatable; "
                        "default: every interface; 127.0.0.1 keeps calls on loopback)")
@@ -117,6 +121,7 @@ def settings_from_args(args: argparse.Namespace) -> AgentSettings:
             idle_timeout=args.idle_timeout,
             connect_timeout=args.connect_timeout,
             max_call_seconds=args.max_call_seconds,
+            record_dir=args.record_dir,
         ),
     )
 

@@ -30,6 +30,7 @@ from ..pacer import Pacer
 from ..playout import PlayoutBuffer
 from ..rate_limit import TokenBucket
 from ..errors import AgentError
+from ..recording import CallRecorder, recorder_for, take_record_option
 from ..plugins.base import RuntimeConfig, SessionConfig, StepOutput
 from ..ticker import TickedSession
 from .codec import PTIME, NarrowbandCodec
@@ -75,6 +76,7 @@ class TelephonyLeg:
         self.session_config = SessionConfig()
         # Recent session events (DTMF, errors) in the OpenAI Realtime shape, for observers.
         self.events: deque[dict[str, Any]] = deque(maxlen=RECENT_EVENTS)
+        self.recorder: CallRecorder | None = None
         self.started_at = time.monotonic()
         self.media_started_at: float | None = None  # first inbound audio
         self.last_inbound_at: float | None = None
@@ -98,6 +100,7 @@ class TelephonyLeg:
 
     async def open_session(self, session_config: SessionConfig) -> RuntimeConfig:
         """Validate the config with the plugin and take a ticker seat (AgentError if refused)."""
+        session_config, record_allowed = take_record_option(session_config)
         runtime_config = await self.plugin.prepare_runtime_config(session_config)
         try:
             if self._closing:
@@ -113,6 +116,10 @@ class TelephonyLeg:
             raise AgentError("session_closed", "the session ended during setup")
         self.ticked = ticked
         self.session_config = session_config
+        self.recorder = recorder_for(self.settings.record_dir, record_allowed, self.id,
+                                     self.capabilities.sample_rate)
+        if self.recorder is not None:
+            ticked.tap = self.recorder.add_tick
         return runtime_config
 
     def start_watchdog(self) -> None:
@@ -155,6 +162,8 @@ class TelephonyLeg:
                 await self.ticker.close_session(self.ticked)
         except Exception:
             log.exception("%s: closing the plugin session failed", self.id)
+        if self.recorder is not None:
+            await self.recorder.close()
         try:
             await self.close_transport(reason)
         except Exception as exc:
@@ -205,7 +214,13 @@ class TelephonyLeg:
 
     def report_error(self, event: dict[str, Any]) -> None:
         """An error for the caller; subclasses also send it where their protocol allows."""
+        self.note_event(event)
+
+    def note_event(self, event: dict[str, Any]) -> None:
+        """Keep a session event for stats, and in the recording."""
         self.events.append(event)
+        if self.recorder is not None:
+            self.recorder.add_event(event)
 
     @property
     def consumed_samples(self) -> int:
@@ -246,7 +261,7 @@ class TelephonyLeg:
 
     async def dtmf(self, digit: str) -> None:
         """A keypad digit from the caller: a session event, and the plugin's hook."""
-        self.events.append(
+        self.note_event(
             server_event("input_audio_buffer.dtmf_event_received", event=digit,
                          received_at=int(time.time()))
         )

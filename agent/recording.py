@@ -1,0 +1,179 @@
+"""Call recording (opt-in with `--record-dir`): a two-channel FLAC and a JSONL of events.
+
+The ticker hands over each tick's caller frame and the agent's answer to it, so both
+channels sit on the call's own clock: sample n of the left channel (caller) is what the
+model heard at the moment it spoke sample n of the right channel (agent). Encoding and
+writing happen on one shared worker thread, never on the event loop. A full disk or an
+unwritable folder ends the recording with one logged coded error; the call goes on.
+
+Files: `<call_id>.flac` (FLAC via PyAV, s16 stereo at the plugin's rate) and
+`<call_id>.events.jsonl` (one object per line: `t` seconds since the call's first tick,
+`event` as sent to the client, or the leg's DTMF and errors). Keeping and deleting them is
+the operator's job: nothing here prunes old recordings.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import time
+from collections.abc import Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import replace
+from pathlib import Path
+from typing import IO, Any
+
+import av
+import numpy as np
+
+from .errors import AgentError
+from .plugins.base import SessionConfig
+
+log = logging.getLogger(__name__)
+
+RECORD_OPTION = "record"  # extra_body key: false opts a call out of recording
+
+_writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="recording")
+
+
+def take_record_option(session: SessionConfig) -> tuple[SessionConfig, bool]:
+    """The session without the agent's own `record` key (plugins refuse keys they do not
+    know), and whether the caller allows recording (default yes)."""
+    if RECORD_OPTION not in session.extra_body:
+        return session, True
+    value = session.extra_body[RECORD_OPTION]
+    if not isinstance(value, bool):
+        raise AgentError("invalid_option", "extra_body.record must be true or false",
+                         param="extra_body.record")
+    rest = {key: item for key, item in session.extra_body.items() if key != RECORD_OPTION}
+    return replace(session, extra_body=rest), value
+
+
+def _to_s16(audio: np.ndarray, length: int) -> np.ndarray:
+    mono = np.asarray(audio, dtype=np.float32).reshape(-1)[:length]
+    if len(mono) < length:
+        mono = np.concatenate([mono, np.zeros(length - len(mono), dtype=np.float32)])
+    return (np.clip(mono, -1.0, 1.0) * 32767.0).astype(np.int16)
+
+
+class CallRecorder:
+    """Records one call. Every method is safe to call from the event loop: the work is queued
+    on the writer thread in order, and failures only stop the recording."""
+
+    def __init__(self, directory: str | Path, call_id: str, sample_rate: int) -> None:
+        self.directory = Path(directory)
+        self.call_id = call_id
+        self.sample_rate = sample_rate
+        self.audio_path = self.directory / f"{call_id}.flac"
+        self.events_path = self.directory / f"{call_id}.events.jsonl"
+        self.failed: str | None = None  # the coded reason the recording stopped early
+        self.frames = 0
+        self._started_at: float | None = None
+        self._container: Any = None
+        self._stream: Any = None
+        self._events: IO[str] | None = None
+        self._pts = 0
+        self._last: Future[None] | None = None
+
+    # -- called on the event loop -----------------------------------------------------------
+
+    def add_tick(self, caller: np.ndarray, agent: np.ndarray) -> None:
+        if self.failed is not None:
+            return
+        if self._started_at is None:
+            self._started_at = time.monotonic()
+        length = len(caller)
+        stereo = np.stack([_to_s16(caller, length), _to_s16(agent, length)])
+        self.frames += 1
+        self._submit(self._write_audio, stereo)
+
+    def add_event(self, event: Mapping[str, Any]) -> None:
+        if self.failed is not None:
+            return
+        started = self._started_at if self._started_at is not None else time.monotonic()
+        line = json.dumps({"t": round(time.monotonic() - started, 3), "event": event},
+                          default=str)
+        self._submit(self._write_event, line)
+
+    async def close(self) -> None:
+        future = _writer.submit(self._close_files)
+        await asyncio.wrap_future(future)
+
+    # -- on the writer thread ---------------------------------------------------------------
+
+    def _submit(self, work: Any, item: Any) -> None:
+        self._last = _writer.submit(self._guarded, work, item)
+
+    def _guarded(self, work: Any, item: Any) -> None:
+        if self.failed is not None:
+            return
+        try:
+            work(item)
+        except (OSError, av.error.FFmpegError) as exc:
+            self._fail(exc)
+
+    def _fail(self, exc: BaseException) -> None:
+        self.failed = "recording_failed"
+        reason = getattr(exc, "strerror", None) or str(exc)
+        log.error("call %s: error [recording_failed]: recording stopped, the call goes on: %s",
+                  self.call_id, reason)
+        self._close_quietly()
+
+    def _open_audio(self) -> None:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self._container = av.open(str(self.audio_path), "w", format="flac")
+        self._stream = self._container.add_stream("flac", rate=self.sample_rate,
+                                                  layout="stereo")
+        self._stream.format = "s16"
+
+    def _write_audio(self, stereo: np.ndarray) -> None:
+        if self._container is None:
+            self._open_audio()
+        frame = av.AudioFrame.from_ndarray(
+            np.ascontiguousarray(stereo.T.reshape(1, -1)), format="s16", layout="stereo")
+        frame.sample_rate = self.sample_rate
+        frame.pts = self._pts
+        self._pts += stereo.shape[1]
+        for packet in self._stream.encode(frame):
+            self._container.mux(packet)
+
+    def _write_event(self, line: str) -> None:
+        if self._events is None:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            self._events = open(self.events_path, "a", encoding="utf-8")
+        self._events.write(line + "\n")
+
+    def _close_files(self) -> None:
+        if self.failed is not None:
+            return
+        try:
+            if self._container is not None:
+                for packet in self._stream.encode(None):
+                    self._container.mux(packet)
+                self._container.close()
+                self._container = None
+            if self._events is not None:
+                self._events.close()
+                self._events = None
+        except (OSError, av.error.FFmpegError) as exc:
+            self._fail(exc)
+
+    def _close_quietly(self) -> None:
+        for closing in (self._container, self._events):
+            if closing is None:
+                continue
+            try:
+                closing.close()
+            except Exception:  # already failing: the first error was logged
+                pass
+        self._container = None
+        self._events = None
+
+
+def recorder_for(record_dir: str | None, allowed: bool, call_id: str,
+                 sample_rate: int) -> CallRecorder | None:
+    if not record_dir or not allowed:
+        return None
+    return CallRecorder(os.path.expanduser(record_dir), call_id, sample_rate)
