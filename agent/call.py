@@ -132,15 +132,17 @@ class Call:
                     error_event("session_expired",
                                 f"the call hit its maximum duration of {max_seconds:g} s")
                 )
-                self.events.send(
-                    server_event(
-                        "call.ending", reason="max_call_seconds",
-                        message=f"calls are limited to {max_seconds:g} s",
-                    )
-                )
-                await asyncio.sleep(0.2)  # let the event leave before the channel closes
-                await self.close("max_call_seconds")
+                await self.end_with_notice("max_call_seconds",
+                                           f"calls are limited to {max_seconds:g} s")
                 return
+
+    async def end_with_notice(self, reason: str, message: str) -> None:
+        """Tell the caller why (a `call.ending` event), give it a moment to leave, then end."""
+        if self._closing:
+            return
+        self.events.send(server_event("call.ending", reason=reason, message=message))
+        await asyncio.sleep(0.2)  # let the event leave before the channel closes
+        await self.close(reason)
 
     def on_connection_state(self) -> None:
         state = self.pc.connectionState

@@ -27,6 +27,7 @@ from .rtc_tuning import (
 )
 from .encoding import supports_inline
 from .sdp import check_offer_sdp, with_explicit_directions
+from .metrics import AgentMetrics, media_counts, transport_of
 from .ticker import Ticker
 
 log = logging.getLogger(__name__)
@@ -66,6 +67,11 @@ class MediaAgent:
         self.sessions: dict[str, ManagedSession] = {}
         self._pending_calls = 0
         self._started = False
+        self.metrics = AgentMetrics(plugin.id)
+        self.metrics.attach(self)
+        self.ticker.on_tick = self.metrics.observe_tick
+        # Set by a graceful drain: no new calls, live ones go on (see signaling/drain.py).
+        self.draining = False
 
     async def start(self) -> None:
         if not self._started:
@@ -77,13 +83,23 @@ class MediaAgent:
             self._started = True
 
     @property
+    def started(self) -> bool:
+        """The plugin is loaded and started."""
+        return self._started
+
+    @property
     def capacity(self) -> int:
         limits = [n for n in (self.settings.max_calls, self.plugin.capabilities().max_sessions) if n]
         return min(limits) if limits else 0
 
     def check_capacity(self) -> None:
+        if self.draining:
+            self.metrics.refused("draining")
+            raise CallError("draining", "the server is draining for a restart; call another "
+                            "instance or retry later", status=503)
         capacity = self.capacity
         if capacity and len(self.calls) + len(self.sessions) + self._pending_calls >= capacity:
+            self.metrics.refused("server_full")
             raise CallError(
                 "server_full", f"all {capacity} call slots are in use; retry later", status=503
             )
@@ -123,6 +139,7 @@ class MediaAgent:
             await call.close("setup_failed")
             raise
         self.calls[call.id] = call
+        self.metrics.call_started("webrtc")
         call.start_watchdog()
         log.info("call %s start plugin=%s calls=%d", call.id, self.plugin.id, len(self.calls))
         return call, pc.localDescription.sdp
@@ -164,6 +181,7 @@ class MediaAgent:
 
     async def _forget(self, call: Call) -> None:
         if self.calls.pop(call.id, None) is not None:
+            self.metrics.call_ended("webrtc", call.end_reason, media_counts(call))
             log.info(
                 "call %s end reason=%s duration=%.1fs calls=%d",
                 call.id, call.end_reason, call.stats()["age_s"], len(self.calls),
@@ -181,10 +199,13 @@ class MediaAgent:
 
     def register_session(self, session: ManagedSession) -> None:
         self.sessions[session.id] = session
+        self.metrics.call_started(transport_of(session))
 
     def unregister_session(self, session: ManagedSession) -> None:
         if self.sessions.get(session.id) is session:
             del self.sessions[session.id]
+            self.metrics.call_ended(transport_of(session), getattr(session, "end_reason", None),
+                                    media_counts(session))
 
     async def hangup(self, call_id: str) -> bool:
         call = self.calls.get(call_id)

@@ -47,6 +47,7 @@ class AgentAudioTrack(MediaStreamTrack):
         # Called once per chunk with True when it carried agent audio, False on underrun.
         self.on_chunk = on_chunk
         self.chunks_sent = 0
+        self.bytes_sent = 0  # encoded payload bytes, known only with the inline encoder
 
     def use_inline_encoder(self, mime_type: str) -> None:
         """Return encoded packets instead of raw frames (set once the codec is negotiated)."""
@@ -65,7 +66,9 @@ class AgentAudioTrack(MediaStreamTrack):
         await self.pacer.wait_next()
         samples = self.next_chunk()
         if self._encoder is not None:
-            return self._encoder.encode(samples)
+            packet = self._encoder.encode(samples)
+            self.bytes_sent += packet.size
+            return packet
         frame = av.AudioFrame.from_ndarray(samples.reshape(1, -1), format="s16", layout="mono")
         frame.sample_rate = self.sample_rate
         frame.pts = self._samples_sent

@@ -151,6 +151,8 @@ class Ticker:
         self._wakeup = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._closed = False
+        # Called after each tick with (step seconds, lateness seconds); the agent's metrics.
+        self.on_tick: Callable[[float, float], None] | None = None
 
     async def _in_worker(self, fn: Callable[..., T], *args: Any) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
@@ -227,7 +229,9 @@ class Ticker:
             lateness = self.clock.now() - due
             if lateness > self.period:
                 self.counters.late_ticks += 1
-            await self._tick()
+            step_ms = await self._tick()
+            if self.on_tick is not None and step_ms is not None:
+                self.on_tick(step_ms / 1000, lateness)
             index += 1
             if self.clock.now() - (anchor + index * self.period) > self.max_lateness:
                 # The plugin could not keep up for a while: start a fresh timeline instead of
@@ -236,10 +240,11 @@ class Ticker:
                 index = 0
                 self.counters.reanchors += 1
 
-    async def _tick(self) -> None:
+    async def _tick(self) -> float | None:
+        """Step every live session once; the step's milliseconds (None when nothing ran)."""
         live = list(self.sessions)
         if not live:
-            return
+            return None
         batch = [(ticked.plugin_session, ticked.take(self._silence)) for ticked in live]
         started = time.perf_counter()
         try:
@@ -250,7 +255,8 @@ class Ticker:
             for ticked in live:
                 if ticked.on_error is not None and not ticked.closed:
                     ticked.on_error(exc)
-            return
+            # (the finally below runs after this value is taken)
+            return (time.perf_counter() - started) * 1000
         finally:
             elapsed_ms = (time.perf_counter() - started) * 1000
             self.counters.ticks += 1
@@ -266,3 +272,4 @@ class Ticker:
                 ticked.on_output(output)
             except Exception:
                 log.exception("output handler failed")
+        return elapsed_ms

@@ -3,13 +3,19 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
+import errno
 import logging
+import signal
 import ssl
 import sys
 from collections.abc import Sequence
 
 from aiohttp import web
+from aiohttp.web_runner import GracefulExit
 
+from agent import json_log
+from agent.cli_errors import exit_with_error
 from agent.media_agent import DEFAULT_CODECS, AgentSettings, MediaAgent
 from agent.call import CallSettings
 from agent.errors import AgentError
@@ -18,7 +24,7 @@ from agent.plugins.registry import available_plugins, load_plugin
 from agent.redact import RedactingFilter
 from agent.rtc_tuning import limit_host_addresses, parse_codec_list
 
-from . import auth, cors, ice, slow_clients, telephony
+from . import auth, cors, drain, ice, slow_clients, telephony
 from .app import create_app
 
 log = logging.getLogger("signaling")
@@ -82,7 +88,10 @@ def build_parser() -> argparse.ArgumentParser:
     calls.add_argument("--ice-host", action="append", default=None, metavar="ADDR",
                        help="gather ICE host candidates only on this address (repeatable; "
                        "default: every interface; 127.0.0.1 keeps calls on loopback)")
-    parser.add_argument("--log-level", default="INFO")
+    parser.add_argument("--log-level", default="INFO",
+                        help="DEBUG, INFO, WARNING or ERROR (default INFO; debug also shows "
+                        "the traceback behind a start-up error)")
+    json_log.add_arguments(parser)
     slow = parser.add_argument_group("slow clients")
     header_s, body_s = slow_clients.DEFAULT_HEADER_TIMEOUT, slow_clients.DEFAULT_BODY_TIMEOUT
     slow.add_argument("--header-timeout", type=float, default=header_s, metavar="S",
@@ -94,6 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
     tls = parser.add_argument_group("TLS (browsers need https to use a microphone off localhost)")
     tls.add_argument("--tls-cert", metavar="FILE", help="PEM certificate chain: serve https")
     tls.add_argument("--tls-key", metavar="FILE", help="PEM private key for --tls-cert")
+    drain.add_arguments(calls)
     auth.add_arguments(parser)
     telephony.add_arguments(parser)
     ice.add_arguments(parser)
@@ -151,25 +161,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     media_stream_path = "/" + args.media_stream_path.lstrip("/")
     for handler in logging.getLogger().handlers:
         handler.addFilter(RedactingFilter([media_stream_path]))
+    if args.log_format == "json":
+        json_log.use_json()
     # aioice logs every candidate pair check at INFO: one line per call is enough here.
     logging.getLogger("aioice").setLevel(max(logging.WARNING, logging.getLogger().level))
     try:
         ssl_context = tls_context_from_args(args)
     except ValueError as exc:
-        print(f"error: tls: {exc}", file=sys.stderr)
-        return 2
+        exit_with_error("tls_invalid", f"tls: {exc}", cause=exc)
     try:
         plugin = load_plugin(args.plugin, plugin_options_from_args(args))
     except AgentError as exc:
-        print(f"error: {exc.code}: {exc.message}", file=sys.stderr)
-        return 2
+        exit_with_error(exc.code, exc.message, cause=exc)
     if args.ice_host:
         limit_host_addresses(args.ice_host)
     agent = MediaAgent(plugin, settings_from_args(args))
     auth_settings = auth.settings_from_args(args)
     app = create_app(agent, auth=auth_settings, cors_origins=cors.origins_from_args(args),
                      telephony_config=telephony.config_from_args(args),
-                     body_timeout=args.body_timeout)
+                     body_timeout=args.body_timeout, drain_seconds=args.drain_seconds)
+    app.on_startup.append(_drain_on_sigterm)
     if auth_settings.open:
         if args.host in ("127.0.0.1", "localhost", "::1"):
             log.warning("no --api-key: the server is open to anyone who can reach %s "
@@ -184,10 +195,45 @@ def main(argv: Sequence[str] | None = None) -> int:
     def listening(_: str) -> None:  # aiohttp calls this once the socket accepts connections
         log.info("serving plugin %s on %s://%s:%d", plugin.id, scheme, args.host, args.port)
 
-    web.run_app(app, host=args.host, port=args.port, ssl_context=ssl_context, print=listening,
-                handle_signals=True, loop=slow_clients.guarded_event_loop(args.header_timeout))
+    try:
+        web.run_app(app, host=args.host, port=args.port, ssl_context=ssl_context,
+                    print=listening, handle_signals=True,
+                    loop=slow_clients.guarded_event_loop(args.header_timeout))
+    except AgentError as exc:  # the plugin loads its model at start-up: bad dir, voice, ...
+        exit_with_error(exc.code, exc.message, cause=exc)
+    except OSError as exc:
+        if exc.errno == errno.EADDRINUSE:
+            exit_with_error("port_in_use", f"{args.host}:{args.port} is already in use "
+                            "(another server?); pick another --port", cause=exc)
+        exit_with_error("listen_failed", f"cannot listen on {args.host}:{args.port}: "
+                        f"{exc.strerror or exc}", cause=exc)
     log.info("stopped")
     return 0
+
+
+async def _drain_on_sigterm(app: web.Application) -> None:
+    """SIGTERM drains (see drain.py) and then exits 0; a second SIGTERM exits at once.
+
+    aiohttp installed its own handler (exit at once) before start-up; this replaces it for
+    SIGTERM only, so Ctrl-C (SIGINT) still stops a development server straight away.
+    """
+    loop = asyncio.get_running_loop()
+    controller = app[drain.DRAIN_KEY]
+
+    def exit_now() -> None:
+        raise GracefulExit()  # a SystemExit: run_app leaves its loop and shuts down
+
+    def on_sigterm() -> None:
+        if controller.draining:
+            log.info("second SIGTERM: ending every call now")
+            exit_now()
+        controller.start("SIGTERM")
+
+    controller.on_drained = lambda: loop.call_soon(exit_now)
+    try:
+        loop.add_signal_handler(signal.SIGTERM, on_sigterm)
+    except NotImplementedError:  # Windows: keep aiohttp's default (exit at once)
+        pass
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ from agent.log_safe import printable
 from agent.media_agent import MediaAgent
 from agent.errors import AgentError
 
-from . import health, offer, realtime_api, slow_clients, telephony
+from . import drain, health, metrics, offer, realtime_api, slow_clients, telephony
 from .auth import AuthSettings
 from .errors import error_response, json_error
 from .keys import AGENT_KEY
@@ -61,6 +61,7 @@ def create_app(
     auth: AuthSettings | None = None, cors_origins: tuple[str, ...] = (),
     telephony_config: telephony.TelephonyConfig | None = None,
     body_timeout: float = slow_clients.DEFAULT_BODY_TIMEOUT,
+    drain_seconds: float = drain.DEFAULT_DRAIN_SECONDS,
 ) -> web.Application:
     app = web.Application(middlewares=[error_middleware, slow_clients.body_timeout_middleware],
                           client_max_size=max_body_bytes)
@@ -69,6 +70,8 @@ def create_app(
     realtime_api.install(app, auth_settings=auth, cors_origins=cors_origins)
     offer.add_routes(app)
     health.add_routes(app)
+    metrics.add_routes(app)
+    drain.setup(app, drain_seconds)
     telephony.add_routes(app, telephony_config)
     app.router.add_get("/", index)
     if WEB_DIR.is_dir():

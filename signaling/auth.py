@@ -48,7 +48,7 @@ DEFAULT_SECRET_TTL = 60.0
 MAX_SECRET_TTL = 3600.0
 MAX_LIVE_SECRETS = 10_000
 DEFAULT_MAX_SECRETS_PER_KEY = 1000  # unused at once; ~16 mints/s for the default 60 s TTL
-PUBLIC_PATHS = frozenset({"/", "/health"})
+PUBLIC_PATHS = frozenset({"/", "/health", "/health/live", "/health/ready"})
 PUBLIC_PREFIXES = ("/static/",)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]

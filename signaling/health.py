@@ -1,4 +1,4 @@
-"""`GET /health`: liveness plus the numbers an operator watches."""
+"""`GET /health` (numbers for people), `/health/live` and `/health/ready` (Kubernetes probes)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,28 @@ async def get_health(request: web.Request) -> web.Response:
     return web.json_response({"status": "ok", **request.app[AGENT_KEY].health()})
 
 
+async def get_live(request: web.Request) -> web.Response:
+    # Liveness: the event loop answers. Nothing else, so a busy or draining server is not
+    # restarted by the orchestrator.
+    return web.json_response({"status": "ok"})
+
+
+async def get_ready(request: web.Request) -> web.Response:
+    """200 while new calls would be admitted; 503 with the reasons otherwise."""
+    agent = request.app[AGENT_KEY]
+    reasons = []
+    if agent.draining:
+        reasons.append("draining")
+    if not agent.started:
+        reasons.append("plugin_not_loaded")
+    capacity = agent.capacity
+    if capacity and len(agent.calls) + len(agent.sessions) >= capacity:
+        reasons.append("full")
+    if reasons:
+        return web.json_response({"status": "not_ready", "reasons": reasons}, status=503)
+    return web.json_response({"status": "ready"})
+
+
 async def get_calls(request: web.Request) -> web.Response:
     agent = request.app[AGENT_KEY]
     calls = [call.stats() for call in agent.calls.values()]
@@ -21,4 +43,6 @@ async def get_calls(request: web.Request) -> web.Response:
 
 def add_routes(app: web.Application) -> None:
     app.router.add_get("/health", get_health)
+    app.router.add_get("/health/live", get_live)
+    app.router.add_get("/health/ready", get_ready)
     app.router.add_get("/metrics/calls", get_calls)

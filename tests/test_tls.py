@@ -101,4 +101,4 @@ async def test_bad_tls_flags_exit_2_with_a_reason(tmp_path: Path, flags: list[st
     )
     _, err = await asyncio.wait_for(server.communicate(), 60)
     assert server.returncode == 2
-    assert "error: tls:" in err.decode() and says in err.decode()
+    assert "error [tls_invalid]: tls:" in err.decode() and says in err.decode()

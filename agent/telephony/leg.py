@@ -85,6 +85,7 @@ class TelephonyLeg:
         self.queued_samples = 0  # agent samples ever put in the playout buffer
         self.chunks_in = 0
         self.chunks_out = 0
+        self.bytes_out = 0  # encoded payload bytes (the metrics' outbound bytes)
         self.agent_chunks_out = 0  # chunks that carried agent audio (not underrun silence)
         self.tasks = TaskOwner(self.id)
         self._closing = False
@@ -232,7 +233,9 @@ class TelephonyLeg:
         self.chunks_out += 1
         if audio is not None:
             self.agent_chunks_out += 1
-        return self.codec.encode(self.resampler.convert(audio))
+        payload = self.codec.encode(self.resampler.convert(audio))
+        self.bytes_out += len(payload)
+        return payload
 
     async def _send_loop(self) -> None:
         while True:
