@@ -37,10 +37,22 @@ def _codec_list(text: str) -> tuple[str, ...]:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+class DefaultsShown(argparse.HelpFormatter):
+    """Every flag's help ends with its default, unless the help already says it."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if ("default" in text or action.default is None or action.default is False
+                or action.default is argparse.SUPPRESS or not action.option_strings):
+            return text
+        return text + " (default: %(default)s)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m signaling",
         description="WebRTC realtime media agent for full-duplex speech models.",
+        formatter_class=DefaultsShown,
     )
     parser.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
     parser.add_argument("--port", type=int, default=8080, help="TCP port (default 8080)")
