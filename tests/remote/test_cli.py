@@ -35,8 +35,10 @@ def test_upstream_timeouts_from_flags(capsys: pytest.CaptureFixture[str]) -> Non
     plugin = plugin_from(["--plugin", "moshi-server", "--upstream", "ws://a:8998/api/chat",
                           "--upstream-handshake-timeout", "45", "--upstream-stall-timeout", "2.5"])
     assert (plugin.settings.handshake_timeout, plugin.settings.stall_timeout) == (45.0, 2.5)
-    assert main(["--plugin", "vllm-omni", "--upstream", "ws://a/v1/realtime",
-                 "--upstream-stall-timeout", "0"]) == 2
+    with pytest.raises(SystemExit) as stopped:  # one coded line, exit status 2
+        main(["--plugin", "vllm-omni", "--upstream", "ws://a/v1/realtime",
+              "--upstream-stall-timeout", "0"])
+    assert stopped.value.code == 2
     assert "invalid_option" in capsys.readouterr().err
 
 
@@ -53,5 +55,7 @@ def test_a_remote_plugin_without_upstream_is_refused(capsys: pytest.CaptureFixtu
     with pytest.raises(PluginError) as refused:
         plugin_from(["--plugin", "vllm-omni"])
     assert refused.value.code == "no_upstream"
-    assert main(["--plugin", "moshi-server"]) == 2
+    with pytest.raises(SystemExit) as stopped:
+        main(["--plugin", "moshi-server"])
+    assert stopped.value.code == 2
     assert "no_upstream" in capsys.readouterr().err
