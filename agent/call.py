@@ -12,7 +12,6 @@ import logging
 import secrets
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -28,6 +27,7 @@ from .framing import FrameAssembler
 from .outbound import AgentAudioTrack
 from .playout import PlayoutBuffer
 from .realtime_session import session_config_from_realtime
+from .call_settings import CallSettings
 from .errors import AgentError
 from .recording import CallRecorder, recorder_for, take_record_option
 from .plugins.base import Plugin, SessionConfig, StepOutput
@@ -44,16 +44,6 @@ def new_call_id() -> str:
     return "call_" + secrets.token_urlsafe(18)
 
 
-@dataclass
-class CallSettings:
-    idle_timeout: float = 15.0  # seconds without inbound audio before a connected call ends
-    connect_timeout: float = 20.0  # seconds from answer to ICE/DTLS connected
-    max_call_seconds: float = 0.0  # 0 = unlimited
-    playout_capacity_seconds: float = 2.0
-    # Data-channel client events a caller may send: a sustained rate per second and a burst.
-    client_event_rate: float = 10.0
-    client_event_burst: int = 20
-    record_dir: str | None = None  # --record-dir: record every call that does not opt out
 
 
 class Call:

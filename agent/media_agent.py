@@ -12,7 +12,8 @@ from typing import Any, Protocol
 import aiortc
 from aiortc import RTCConfiguration, RTCIceServer, RTCPeerConnection, RTCSessionDescription
 
-from .call import Call, CallSettings, new_call_id
+from .call import Call, new_call_id
+from .call_settings import CallSettings
 from .errors import CallError
 from .plugins.base import Plugin, PluginError, SessionConfig
 from .recording import take_record_option

@@ -17,7 +17,7 @@ from aiohttp.web_runner import GracefulExit
 from agent import json_log
 from agent.cli_errors import exit_with_error
 from agent.media_agent import DEFAULT_CODECS, AgentSettings, MediaAgent
-from agent.call import CallSettings
+from agent.call_settings import CallSettings
 from agent.errors import AgentError
 from agent.plugins.base import PluginOptions
 from agent.plugins.registry import available_plugins, load_plugin

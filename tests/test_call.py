@@ -8,7 +8,7 @@ import aiohttp
 import pytest
 from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 
-from agent.call import CallSettings
+from agent.call_settings import CallSettings
 from agent.media_agent import AgentSettings
 from agent.peer import SignalTrack, run_call
 from agent.plugins.base import PluginSession

@@ -8,7 +8,7 @@ import time
 
 import aiohttp
 
-from agent.call import CallSettings
+from agent.call_settings import CallSettings
 from agent.media_agent import AgentSettings
 from agent.peer import PEER_RATE
 from agent.testsignal import measure_echo

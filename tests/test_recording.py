@@ -10,7 +10,7 @@ import av
 import numpy as np
 import pytest
 
-from agent.call import CallSettings
+from agent.call_settings import CallSettings
 from agent.media_agent import AgentSettings
 from agent.peer import run_call
 from agent.recording import take_record_option

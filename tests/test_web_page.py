@@ -24,7 +24,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 from playwright.async_api import Browser, Page, expect
 
-from agent.call import CallSettings
+from agent.call_settings import CallSettings
 from agent.media_agent import AgentSettings
 from signaling.auth import AuthSettings
 

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
-from ..call import CallSettings
+from ..call_settings import CallSettings
 from ..clock import MonotonicClock
 from ..events import error_event, error_event_from, server_event
 from ..task_owner import TaskOwner

@@ -34,7 +34,7 @@ from .leg import DTMF_BURST, DTMF_DIGITS, DTMF_RATE, TelephonyLeg
 from .marks import MarkQueue
 
 if TYPE_CHECKING:
-    from ..call import CallSettings
+    from ..call_settings import CallSettings
     from ..media_agent import MediaAgent
 
 log = logging.getLogger(__name__)

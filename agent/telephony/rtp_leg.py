@@ -36,7 +36,7 @@ from .telephone_event import DEFAULT_PAYLOAD_TYPE as DEFAULT_DTMF_PAYLOAD_TYPE
 from .telephone_event import TelephoneEventDetector
 
 if TYPE_CHECKING:
-    from ..call import CallSettings
+    from ..call_settings import CallSettings
     from ..media_agent import MediaAgent
 
 log = logging.getLogger(__name__)

@@ -374,7 +374,7 @@ async def test_closed_socket_and_shutdown_end_sessions(start_agent: AgentFactory
 
 
 async def test_a_socket_that_never_starts_is_ended(start_agent: AgentFactory) -> None:
-    from agent.call import CallSettings
+    from agent.call_settings import CallSettings
 
     running = await start_agent(settings=AgentSettings(call=CallSettings(connect_timeout=0.5)))
     async with aiohttp.ClientSession() as http:

@@ -13,7 +13,7 @@ import aiohttp
 import numpy as np
 from aiortc.rtp import RtpPacket
 
-from agent.call import CallSettings
+from agent.call_settings import CallSettings
 from agent.media_agent import AgentSettings
 from agent.telephony.codec import L16_16K, PCMU, NarrowbandCodec
 from agent.telephony.rtp_leg import RtpSettings
