@@ -192,7 +192,9 @@ class Ticker:
         await self._in_worker(self.plugin.restart_session, ticked.plugin_session)
 
     async def update_session(self, ticked: TickedSession, config: RuntimeConfig) -> None:
-        ticked.plugin_session.config = config
+        """Swap a session's config between steps, on the worker thread (as base.py's thread
+        rule says), so a step never sees it change half-way."""
+        await self._in_worker(setattr, ticked.plugin_session, "config", config)
 
     async def send_dtmf(self, ticked: TickedSession, digit: str) -> None:
         """Hand a keypad digit to the plugin on its worker thread (between steps)."""

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Sequence
 
 import numpy as np
@@ -242,3 +243,28 @@ async def test_a_failing_step_reports_errors_and_the_clock_goes_on(clock: FakeCl
     await wait_for_ticks(plugin, 4)
     await ticker.close()
     assert len(errors) == 1 and ticker.counters.step_errors == 1
+
+
+class ThreadNotingSession(PluginSession):
+    """Notes the thread that sets its config."""
+
+    def __setattr__(self, name: str, value: object) -> None:
+        if name == "config":
+            object.__setattr__(self, "config_set_on", threading.current_thread().name)
+        object.__setattr__(self, name, value)
+
+
+async def test_a_config_update_is_applied_on_the_worker_thread() -> None:
+    class Plugin(RecordingPlugin):
+        def create_session(self, config: RuntimeConfig) -> PluginSession:
+            return ThreadNotingSession(config)
+
+    plugin = Plugin(FakeClock())
+    ticker = Ticker(plugin, clock=plugin.clock)
+    try:
+        ticked = await ticker.open_session(RuntimeConfig(voice="a"), lambda output: None)
+        await ticker.update_session(ticked, RuntimeConfig(voice="b"))
+        assert ticked.config.voice == "b"
+        assert ticked.plugin_session.config_set_on.startswith("ticker-")  # type: ignore[attr-defined]
+    finally:
+        await ticker.close()
