@@ -10,6 +10,9 @@ of N concurrent calls passes when every call connected, no received-audio gap af
 second exceeded 60 ms, each call received >= 99% of what could come back (the seconds it
 sent minus the echo delay), and >= 99% of the 20 ms frames of the echo carried the signal
 (not silence filled in by a server that fell behind); a failing level is tried once more.
+Each capacity level also prints the server's CPU (share of its core during the level), the
+agent's event-loop lag from its /metrics, and why a failing level failed; the table starts
+with the frame-cost calibration so figures from different days can be compared.
 Prints markdown tables.
 """
 
@@ -23,6 +26,7 @@ import statistics
 import subprocess
 import sys
 import time
+import urllib.request
 from contextlib import contextmanager
 from typing import Any, Iterator
 
@@ -150,10 +154,55 @@ def bench_cpu(codecs: list[str], calls: int, seconds: float) -> None:
             print(f"| {label} | {codec} | {per_call:.1f} | {100 / per_call:.0f} |", flush=True)
 
 
+def lag_buckets(url: str) -> dict[float, float]:
+    """Cumulative counts of the agent's event-loop lag histogram, from its /metrics."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(url + "/metrics", timeout=10) as response:
+        text = response.read().decode()
+    buckets: dict[float, float] = {}
+    for family in text_string_to_metric_families(text):
+        if family.name != "agent_event_loop_lag_seconds":
+            continue
+        for sample in family.samples:
+            if sample.name.endswith("_bucket"):
+                buckets[float(sample.labels["le"])] = sample.value
+    return buckets
+
+
+def lag_quantiles(before: dict[float, float], after: dict[float, float]) -> str:
+    """p50 / p99 / max of the loop lag during a level, as histogram bucket bounds (<= x ms)."""
+    bounds = sorted(after)
+    counts = [after[b] - before.get(b, 0.0) for b in bounds]
+    total = counts[-1] if counts else 0.0
+    if total <= 0:
+        return "-"
+
+    def bound(fraction: float) -> str:
+        for edge, count in zip(bounds, counts):
+            if count >= fraction * total:
+                return "inf" if edge == float("inf") else f"{edge * 1000:g}"
+        return "inf"
+
+    return f"<={bound(0.5)} / <={bound(0.99)} / <={bound(1.0)}"
+
+
+def calibration() -> float:
+    """The frame-cost calibration (ms per 80 ms frame per call, one call): how fast this
+    machine is right now, printed beside every capacity figure."""
+    from frame_cost_bench import run as frame_cost
+
+    return min(frame_cost(1, 400) for _ in range(3))
+
+
 def bench_capacity(codecs: list[str], levels: list[int], seconds: float) -> None:
     print("\n### Concurrent real-time calls, server pinned to one core\n")
-    print("| server | codec | calls | result | detail |")
-    print("|---|---|---|---|---|")
+    print(f"Calibration: frame cost {calibration():.3f} ms per frame per call "
+          "(`frame_cost_bench.py`, 1 call). Loop lag: the agent's event-loop lag histogram "
+          "during the level (bucket bounds, ms). A failing level is `throughput` when the "
+          "server's core was >= 95 % busy, else `timing`.\n")
+    print("| server | codec | calls | result | server CPU | loop lag p50 / p99 / max ms | detail |")
+    print("|---|---|---|---|---|---|---|")
     for codec in codecs:
         for kind in ("plain", "agent"):
             label = "plain aiortc echo" if kind == "plain" else "agent (echo plugin)"
@@ -165,17 +214,26 @@ def bench_capacity(codecs: list[str], levels: list[int], seconds: float) -> None
                 # one stray 70 ms hiccup does not decide it. Both tries are printed.
                 for attempt in (1, 2):
                     with server(kind) as url:
+                        pid = SERVER_PIDS[-1]
+                        lag_before = lag_buckets(url) if kind == "agent" else {}
+                        cpu_before, started = cpu_seconds(pid), time.monotonic()
                         reports = callers_subprocess(url, count, seconds, codec, True)
+                        busy = (cpu_seconds(pid) - cpu_before) / (time.monotonic() - started)
+                        lag = lag_quantiles(lag_before, lag_buckets(url)) if kind == "agent" else "-"
                     ok, detail = level_passes(reports, delay / 1000)
+                    if not ok:
+                        detail += "; " + ("throughput" if busy >= 0.95 else "timing")
+                    row = f"{busy * 100:.0f} % | {lag} | {detail}"
                     if ok or attempt == 2:
                         break
-                    print(f"| {label} | {codec} | {count} | (retry) | {detail} |", flush=True)
+                    print(f"| {label} | {codec} | {count} | (retry) | {row} |", flush=True)
                 print(f"| {label} | {codec} | {count} | {'real time' if ok else 'FAILS'} "
-                      f"| {detail} |", flush=True)
+                      f"| {row} |", flush=True)
                 if not ok:
                     break
                 best = count
-            print(f"| **{label}** | **{codec}** | **{best}** | **max real time** | |", flush=True)
+            print(f"| **{label}** | **{codec}** | **{best}** | **max real time** | | | |",
+                  flush=True)
 
 
 def main() -> None:
