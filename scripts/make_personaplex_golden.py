@@ -47,7 +47,8 @@ CASES: dict[str, dict[str, Any]] = {
 
 
 def fused_state(path: Path) -> dict[str, torch.Tensor]:
-    """Our split attention names → NVIDIA's fused `in_proj_weight` / `out_proj.weight`."""
+    """Split attention names (if any) → NVIDIA's fused `in_proj_weight` / `out_proj.weight`;
+    the generator already writes the fused release layout."""
     state = load_file(str(path))
     fused: dict[str, torch.Tensor] = {}
     parts: dict[str, dict[int, torch.Tensor]] = {}
@@ -103,7 +104,13 @@ def main() -> None:
                               audio_silence_frame_cnt=SILENCE_FRAMES, text_prompt_tokens=tokens,
                               return_logits=True, sample_rate=24000)
             if case["voice"] is not None:
-                gen.load_voice_prompt_embeddings(str(checkpoint / "voices" / case["voice"]))
+                # The voice file is bf16 as released; the float32 reference model needs float32
+                # (the values are the same: bf16 widens exactly).
+                voice = torch.load(checkpoint / "voices" / case["voice"], map_location="cpu")
+                widened = Path(scratch) / f"{name}.pt"
+                torch.save({"embeddings": voice["embeddings"].float(), "cache": voice["cache"]},
+                           widened)
+                gen.load_voice_prompt_embeddings(str(widened))
             user = torch.randint(0, kwargs["card"], (1, 8, CALLER_FRAMES),
                                  generator=torch.Generator().manual_seed(case["user_seed"]))
             frames: list[dict[str, Any]] = []

@@ -27,8 +27,14 @@ def test_round_trip_through_loaders(
     assert "moshi_name" not in info.lm_kwargs and "mimi_config_name" not in info.lm_kwargs
     lm = lm_config.load_lm(info, "cpu", torch.float32)  # strict: every key present
     saved = load_file(str(model_dir / writer.LM_WEIGHTS_NAME))
-    for key, value in lm.state_dict().items():
+    # The release layout: fused attention weights, as NVIDIA's loader reads them strictly.
+    assert not any(".in_projs." in key or ".out_projs." in key for key in saved)
+    loaded = writer.fuse_attention(lm.state_dict())
+    assert set(loaded) == set(saved)
+    for key, value in loaded.items():
         assert torch.equal(value, saved[key]), key
+    mimi_saved = load_file(str(files.mimi_weights))
+    assert any(key.endswith(".self_attn.in_proj_weight") for key in mimi_saved)
     mimi = mimi_config.load_mimi(files.mimi_weights, info.mimi_config, "cpu", torch.float32, 8)
     assert mimi.frame_size == 1920 and mimi.num_codebooks == 8
     tokenizer = sentencepiece.SentencePieceProcessor(model_file=str(files.tokenizer))

@@ -19,6 +19,7 @@ import torch
 from safetensors import safe_open
 
 from .lm import LMModel, agent_codebooks
+from .transformer import split_fused_attention
 
 CONFIG_NAME = "config.json"
 DEFAULT_MOSHI_NAME = "model.safetensors"
@@ -181,9 +182,10 @@ def lm_constructor_kwargs(info: CheckpointInfo) -> dict[str, Any]:
         raise ValueError("LoRA checkpoints are not supported; merge the LoRA weights first")
     kwargs.pop("lora_rank", None)
     kwargs.pop("lora_scaling", None)
-    if "conditioners" in kwargs or kwargs.get("fuser") is not None:
+    # `"conditioners": {}` and `"fuser": null` describe an unconditioned LM, as the reference
+    # loader reads them; real conditioning is refused.
+    if kwargs.pop("conditioners", None) or kwargs.pop("fuser", None) is not None:
         raise ValueError("conditioned LMs (conditioners / fuser in config.json) are not supported")
-    kwargs.pop("fuser", None)
     return kwargs
 
 
@@ -218,31 +220,12 @@ def load_lm(info: CheckpointInfo, device: torch.device | str = "cpu", dtype: tor
     return model.eval()
 
 
-def _split_fused_attention(state: dict[str, torch.Tensor], expected: dict[str, torch.Size]) -> None:
-    """Split fused `in_proj_weight` / `out_proj.weight` into per-step keys, whatever the
-    number of steps stored (the attention module's own load hook assumes all of them)."""
-    fused_names = {"in_proj_weight": "in_projs", "in_proj.weight": "in_projs", "out_proj.weight": "out_projs"}
-    for key in list(state):
-        for fused, split in fused_names.items():
-            if not key.endswith("." + fused):
-                continue
-            stem = key[: -len(fused)]
-            first = f"{stem}{split}.0.weight"
-            if first not in expected:
-                break
-            rows = expected[first][0]
-            weight = state.pop(key)
-            for index, part in enumerate(weight.split(rows, dim=0)):
-                state[f"{stem}{split}.{index}.weight"] = part
-            break
-
-
 def fill_missing_depformer_steps(state: dict[str, torch.Tensor], expected: dict[str, torch.Size]) -> None:
     """PersonaPlex may ship depformer weights for the first 8 codebook steps only; its
     loader fills steps 8-15 from steps 0-7 (and leaves the embedding of agent codebook 7,
     an input of step 8 only, uninitialised). We do the same, with zeros for that embedding.
     Steps 8-15 predict user codebooks, which LMStepper never generates."""
-    _split_fused_attention(state, expected)
+    split_fused_attention(state, expected)
     # group -> how a key's index maps to its depformer step (depformer_emb[i] feeds step i + 1)
     groups = {"gating": 0, "linears": 0, "depformer_in": 0, "depformer_emb": 1, "in_projs": 0, "out_projs": 0}
     reference = next(iter(state.values()), None)

@@ -28,6 +28,7 @@ from .conv import fold_weight_norm
 from .mimi import MimiModel
 from .quantizer import SplitResidualVectorQuantizer, rename_legacy_codebook_keys
 from .seanet import SEANetDecoder, SEANetEncoder
+from .transformer import split_fused_attention
 
 SAMPLE_RATE = 24000
 FRAME_RATE = 12.5
@@ -233,6 +234,8 @@ def load_mimi(
     state = read_safetensors(path, device)
     state = rename_legacy_codebook_keys(fold_weight_norm(state))
     expected = model.state_dict()
+    # NVIDIA's release stores fused attention weights, which its loader reads strictly.
+    split_fused_attention(state, {key: value.shape for key, value in expected.items()})
     missing = sorted(set(expected) - set(state))
     unexpected = sorted(set(state) - set(expected))
     if missing or unexpected:

@@ -156,6 +156,26 @@ def _contiguous_state(module: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {key: value.detach().contiguous().clone() for key, value in module.state_dict().items()}
 
 
+def fuse_attention(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Our per-step attention keys → the released files' fused `in_proj_weight` and
+    `out_proj.weight` (steps stacked in order), which NVIDIA's loader reads strictly."""
+    fused: dict[str, torch.Tensor] = {}
+    parts: dict[str, dict[int, torch.Tensor]] = {}
+    for key, value in state.items():
+        for split, name in ((".self_attn.in_projs.", "in_proj_weight"),
+                            (".self_attn.out_projs.", "out_proj.weight")):
+            if split in key and key.endswith(".weight"):
+                stem, _, tail = key.partition(split)
+                index = int(tail.split(".", 1)[0])
+                parts.setdefault(f"{stem}.self_attn.{name}", {})[index] = value
+                break
+        else:
+            fused[key] = value
+    for key, pieces in parts.items():
+        fused[key] = torch.cat([pieces[i] for i in sorted(pieces)]).contiguous()
+    return fused
+
+
 @torch.no_grad()
 def calibrate_codebooks(mimi: torch.nn.Module, generator: torch.Generator) -> None:
     """Spread each random codebook over the latents the random encoder actually produces.
@@ -184,7 +204,8 @@ def calibrate_codebooks(mimi: torch.nn.Module, generator: torch.Generator) -> No
 def _voice_prompt(
     frames: int, dim: int, num_codebooks: int, text_pad: int, generator: torch.Generator
 ) -> dict[str, torch.Tensor]:
-    embeddings = torch.randn(frames, 1, 1, dim, generator=generator) * 0.5
+    # bf16, as NVIDIA's voice files are saved from the bf16 model.
+    embeddings = (torch.randn(frames, 1, 1, dim, generator=generator) * 0.5).to(torch.bfloat16)
     cache = torch.randint(0, AUDIO_CARD, (1, num_codebooks, TOKEN_CACHE_FRAMES),
                           generator=generator)
     cache[:, 0] = text_pad
@@ -226,11 +247,11 @@ def write_checkpoint(
     torch.manual_seed(seed)
     info = lm_config.load_checkpoint_info(out)
     lm = lm_config.build_lm(info, torch.device("cpu"), torch.float32)
-    save_file(_contiguous_state(lm), str(out / LM_WEIGHTS_NAME))
+    save_file(fuse_attention(_contiguous_state(lm)), str(out / LM_WEIGHTS_NAME))
     del lm
     mimi = mimi_config.build_mimi(mimi_arch, torch.device("cpu"), torch.float32)
     calibrate_codebooks(mimi, torch.Generator().manual_seed(seed + 2))
-    save_file(_contiguous_state(mimi), str(out / MIMI_WEIGHTS_NAME))
+    save_file(fuse_attention(_contiguous_state(mimi)), str(out / MIMI_WEIGHTS_NAME))
     del mimi
 
     voices = out / VOICES_DIR

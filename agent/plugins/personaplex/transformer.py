@@ -592,3 +592,23 @@ class ProjectedTransformer(nn.Module):
             y = proj(z)
             outputs.append(y.transpose(1, 2) if self.conv_layout else y)
         return outputs
+
+
+def split_fused_attention(state: dict[str, torch.Tensor], expected: dict[str, torch.Size]) -> None:
+    """Split fused `in_proj_weight` / `out_proj.weight` (as both references' loaders read
+    released checkpoints) into our per-step keys, whatever the number of steps stored (the
+    attention module's own load hook assumes all of them). In place; for the LM and Mimi."""
+    fused_names = {"in_proj_weight": "in_projs", "in_proj.weight": "in_projs", "out_proj.weight": "out_projs"}
+    for key in list(state):
+        for fused, split in fused_names.items():
+            if not key.endswith("." + fused):
+                continue
+            stem = key[: -len(fused)]
+            first = f"{stem}{split}.0.weight"
+            if first not in expected:
+                break
+            rows = expected[first][0]
+            weight = state.pop(key)
+            for index, part in enumerate(weight.split(rows, dim=0)):
+                state[f"{stem}{split}.{index}.weight"] = part
+            break
