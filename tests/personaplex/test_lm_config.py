@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from oracles import require as require_oracle
 import torch
 from safetensors.torch import save_file
 
@@ -18,7 +19,7 @@ from agent.plugins.personaplex.lm_config import (
     personaplex_7b_lm_kwargs,
 )
 
-ref_loaders = pytest.importorskip("moshi.models.loaders")
+ref_loaders = require_oracle("moshi.models.loaders")
 
 TINY_LM: dict[str, Any] = dict(
     dim=16,

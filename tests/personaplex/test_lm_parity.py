@@ -15,13 +15,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from oracles import require as require_oracle
 import torch
 from safetensors.torch import save_file
 
 from agent.plugins.personaplex.lm_config import load_checkpoint_info, load_lm
 from agent.plugins.personaplex.lm_stepper import LMStepper
 
-ref_lm = pytest.importorskip("moshi.models.lm")
+ref_lm = require_oracle("moshi.models.lm")
 
 DELAYS = [0, 0, 1, 1, 1, 1, 1, 1, 1, 0, 1, 1, 1, 1, 1, 1, 1]
 

@@ -6,6 +6,7 @@ import copy
 import json
 
 import pytest
+from oracles import require as require_oracle
 import torch
 
 from agent.plugins.personaplex.mimi_config import (
@@ -17,7 +18,7 @@ from agent.plugins.personaplex.mimi_config import (
     standard_mimi_config,
 )
 
-loaders = pytest.importorskip("moshi.models.loaders")
+loaders = require_oracle("moshi.models.loaders")
 
 
 def test_standard_config_is_the_reference_one() -> None:

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import pytest
+from oracles import require as require_oracle
 import torch
 from safetensors.torch import load_file, save_file
 
 from agent.plugins.personaplex.quantizer import SplitResidualVectorQuantizer, rename_legacy_codebook_keys
 
-ref_vq = pytest.importorskip("moshi.quantization")
+ref_vq = require_oracle("moshi.quantization")
 
 CONFIG = {"dimension": 8, "n_q": 6, "bins": 32, "input_dimension": 12, "output_dimension": 12}
 

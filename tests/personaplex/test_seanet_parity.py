@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 
 import pytest
+from oracles import require as require_oracle
 import torch
 from safetensors.torch import load_file, save_file
 
@@ -20,8 +21,8 @@ from agent.plugins.personaplex.conv import (
 from agent.plugins.personaplex.seanet import SEANetDecoder, SEANetEncoder
 from agent.plugins.personaplex.streaming import reset_slots, start_streaming, stop_streaming
 
-ref_conv = pytest.importorskip("moshi.modules.conv")
-ref_seanet = pytest.importorskip("moshi.modules.seanet")
+ref_conv = require_oracle("moshi.modules.conv")
+ref_seanet = require_oracle("moshi.modules.seanet")
 
 TINY_SEANET = {
     "channels": 1,

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+from oracles import require as require_oracle
 import sentencepiece
 import torch
 from safetensors.torch import load_file
@@ -57,7 +58,7 @@ def test_config_is_what_the_reference_checkpoint_info_reads(tiny_checkpoint: Pat
 
 def test_reference_modules_load_the_written_weights(tiny_checkpoint: Path) -> None:
     """The files use the reference key layout: the oracle package loads them strictly."""
-    loaders = pytest.importorskip("moshi.models.loaders")
+    loaders = require_oracle("moshi.models.loaders")
     config = json.loads((tiny_checkpoint / "config.json").read_text())
     lm_kwargs = {k: v for k, v in config.items()
                  if k not in ("moshi_name", "mimi_name", "tokenizer_name", "mimi_config_name",

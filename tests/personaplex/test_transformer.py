@@ -9,13 +9,14 @@ os.environ.setdefault("NO_TORCH_COMPILE", "1")  # keep torch.compile out of CPU 
 from pathlib import Path
 
 import pytest
+from oracles import require as require_oracle
 import torch
 from safetensors.torch import load_file, save_file
 
 from agent.plugins.personaplex import streaming
 from agent.plugins.personaplex.transformer import ProjectedTransformer, StreamingTransformer
 
-ref_transformer = pytest.importorskip("moshi.modules.transformer")
+ref_transformer = require_oracle("moshi.modules.transformer")
 
 MIMI_STYLE = dict(
     d_model=32,
