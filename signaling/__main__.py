@@ -74,6 +74,10 @@ def build_parser() -> argparse.ArgumentParser:
     model.add_argument("--upstream-handshake-timeout", type=float, default=20.0, metavar="S",
                        help="seconds a remote engine may take to accept a session (default 20; "
                        "a Moshi server prefills its prompt first)")
+    model.add_argument("--upstream-kind", choices=("personaplex", "kyutai"), default="personaplex",
+                       help="moshi-server: which reference server the --upstream URLs are. "
+                       "personaplex (NVIDIA's) always gets a voice and a persona (the caller's, "
+                       "else the defaults); kyutai's server has no persona, so none is sent")
     model.add_argument("--upstream-stall-timeout", type=float, default=5.0, metavar="S",
                        help="seconds without a message from a remote engine before the call "
                        "gets an error (default 5)")
@@ -159,7 +163,8 @@ def plugin_options_from_args(args: argparse.Namespace) -> PluginOptions:
         upstreams=tuple(args.upstream), model=args.model,
         extra={"upstream_capacity": args.upstream_capacity,
                "upstream_handshake_timeout": args.upstream_handshake_timeout,
-               "upstream_stall_timeout": args.upstream_stall_timeout},
+               "upstream_stall_timeout": args.upstream_stall_timeout,
+               "upstream_kind": args.upstream_kind},
     )
 
 

@@ -40,6 +40,14 @@ class Behaviour:
     # "silent" (nothing at all after the handshake), "close", "error_event", "unknown_kind".
     misbehave: str | None = None
     after_frames: int = 10
+    # moshi: NVIDIA's server (moshi/server.py, ServerState.handle_chat) reads
+    # request.query["voice_prompt"] and ["text_prompt"] with no default and raises when a
+    # voice file is missing, dropping the socket before the 0x00 handshake.
+    nvidia_prompts: bool = False
+    voices: tuple[str, ...] = ("NATF2.pt", "NATM1.pt")
+    # moshi: a text piece that is a tokenizer control symbol (its `id_to_piece` output for
+    # ids such as <s>), sent before each word.
+    control_pieces: bool = False
 
 
 @dataclass
@@ -288,6 +296,14 @@ class FakeMoshi(FakeServer):
             return
         session = FakeSession(id=f"moshi-{next(self._ids)}", query=dict(request.query))
         self.sessions.append(session)
+        if behaviour.nvidia_prompts:
+            voice = request.query["voice_prompt"]  # KeyError: aiohttp drops the socket
+            if voice not in behaviour.voices:
+                raise FileNotFoundError(f"Requested voice prompt '{voice}' not found")
+            if not request.query["text_prompt"]:
+                raise ValueError("an empty text_prompt")
+            if "seed" in request.query:
+                raise KeyError("seed")  # it reads request["seed"], not the query
         try:
             await asyncio.sleep(behaviour.handshake_delay)  # prompt prefill
             await ws.send_bytes(b"\x00")
@@ -326,6 +342,8 @@ class FakeMoshi(FakeServer):
                         return
                 await ws.send_bytes(b"\x01" + encoder.encode(frame))
                 if n % behaviour.text_every == 0:
+                    if behaviour.control_pieces:
+                        await ws.send_bytes(b"\x02<s>")
                     await ws.send_bytes(b"\x02" + f" word{next(words)}".encode())
 
     async def _misbehave(self, ws: web.WebSocketResponse) -> bool:

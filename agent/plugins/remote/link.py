@@ -187,11 +187,7 @@ class UpstreamLink(abc.ABC):
                                    self.settings.handshake_timeout)
         except asyncio.TimeoutError:
             await self._close_socket()
-            raise UpstreamError(
-                "upstream_handshake_timeout",
-                f"model server {self.label} did not open a session within "
-                f"{self.settings.handshake_timeout:g} s", status=503, pool_effect="failed",
-            ) from None
+            raise self.handshake_timed_out() from None
         except BaseException:
             await self._close_socket()
             raise
@@ -258,6 +254,14 @@ class UpstreamLink(abc.ABC):
             self.dropped_input_frames += dropped.frames
         self._outgoing.append(item)
         self._outgoing_ready.set()
+
+    def handshake_timed_out(self) -> UpstreamError:
+        """What a session that never opened says about the server: in trouble, by default."""
+        return UpstreamError(
+            "upstream_handshake_timeout",
+            f"model server {self.label} did not open a session within "
+            f"{self.settings.handshake_timeout:g} s", status=503, pool_effect="failed",
+        )
 
     def fail(self, error: UpstreamError) -> None:
         """The session cannot go on (loop). The call learns it at its next frame."""

@@ -6,6 +6,17 @@ ways, first byte = kind: `0x01` audio as Ogg-Opus pages (24 kHz mono), `0x02` a 
 piece (server only). One conversation per server process; a busy server makes the client wait
 or closes with 1013.
 
+Two kinds of server speak it (`--upstream-kind`):
+- `personaplex` (NVIDIA's): reads `voice_prompt` and `text_prompt` from the query, with no
+  default (without them it raises and drops the socket; an empty `text_prompt` or a `seed`
+  parameter crashes it), so both are always sent: the caller's, else the plugin's defaults.
+- `kyutai` (`python -m moshi.server`): reads no query parameter and has no persona; nothing
+  is sent, and a caller's voice or persona is logged as ignored.
+A socket that closes before the handshake after a successful upgrade is the server refusing
+this request (an unknown voice file, say): a call error, not a sign the server is down. A
+handshake that never comes means the server is busy with someone else's conversation (it
+holds one behind a lock), not that it is broken.
+
 Ogg-Opus: Kyutai's `sphn` (the library the reference server and clients use), so pages
 match what the server expects by construction, with a streaming reader that takes bytes and
 returns PCM (PyAV can mux Ogg in memory but cannot demux a growing stream).
@@ -13,20 +24,34 @@ returns PCM (PyAV can mux Ogg in memory but cannot demux a growing stream).
 
 from __future__ import annotations
 
-from typing import Any
+import logging
+import re
+from typing import Any, ClassVar
 
 import aiohttp
 import numpy as np
 import sphn
 from yarl import URL
 
+from ..base import PluginError, PluginOptions, SessionConfig
+from ..personaplex.policy import DEFAULT_PERSONA, DEFAULT_VOICE
 from .link import LinkRequest, UpstreamError, UpstreamLink, protocol_error
 from .plugin import RemotePlugin
+
+log = logging.getLogger(__name__)
 
 KIND_HANDSHAKE = 0x00
 KIND_AUDIO = 0x01
 KIND_TEXT = 0x02
 BUSY_CLOSE_CODE = 1013  # "try again later"
+UPSTREAM_KINDS = ("personaplex", "kyutai")
+# Pieces such as `<s>` or `<pad>` are the tokenizer's control symbols, never words.
+CONTROL_PIECE = re.compile(r"<[^<>\s]{1,16}>")
+
+
+def visible_text(piece: str) -> str:
+    """A transcript piece without the tokenizer's control symbols."""
+    return CONTROL_PIECE.sub("", piece)
 
 
 class MoshiLink(UpstreamLink):
@@ -55,10 +80,12 @@ class MoshiLink(UpstreamLink):
                     "upstream_busy", f"model server {self.label} is busy with another call",
                     status=503, pool_effect="full",
                 )
+            # The upgrade succeeded, so the server is up: it refused this session's request.
             raise UpstreamError(
-                "upstream_closed",
-                f"model server {self.label} closed the connection before the handshake "
-                f"(code {ws.close_code})", status=503, pool_effect="failed",
+                "upstream_refused_session",
+                f"model server {self.label} closed the session before it opened (code "
+                f"{ws.close_code}): it could not use this request's voice or persona",
+                status=400, pool_effect=None,
             )
         if message.type != aiohttp.WSMsgType.BINARY or message.data[:1] != bytes([KIND_HANDSHAKE]):
             raise protocol_error("the first message is not the 0x00 handshake")
@@ -78,10 +105,19 @@ class MoshiLink(UpstreamLink):
                 text = payload.decode("utf-8")
             except UnicodeDecodeError:
                 raise protocol_error("a text piece is not UTF-8") from None
+            text = visible_text(text)
             if text:
                 self.file_text(text)
         elif kind != KIND_HANDSHAKE:
             raise protocol_error(f"unknown message kind 0x{kind:02x}")
+
+    def handshake_timed_out(self) -> UpstreamError:
+        # One conversation per server behind a lock: a session that does not open in time is
+        # waiting for someone else's call to end.
+        return UpstreamError(
+            "upstream_busy", f"model server {self.label} is busy with another conversation; "
+            "retry later", status=503, pool_effect="full",
+        )
 
     # -- ticker thread ----------------------------------------------------------------------
 
@@ -103,3 +139,26 @@ class MoshiServerPlugin(RemotePlugin):
     id = "moshi-server"
     link_class = MoshiLink
     default_capacity = 1  # the reference server holds one conversation per process
+    upstream_kind: ClassVar[str] = "personaplex"
+
+    @classmethod
+    def from_options(cls, options: PluginOptions) -> RemotePlugin:
+        kind = str(options.extra.get("upstream_kind") or "personaplex")
+        if kind not in UPSTREAM_KINDS:
+            raise PluginError("invalid_option", f"--upstream-kind must be one of "
+                              f"{', '.join(UPSTREAM_KINDS)}", status=500)
+        plugin = super().from_options(options)
+        plugin.upstream_kind = kind  # type: ignore[misc]
+        if kind == "kyutai":
+            log.warning("moshi-server: Kyutai's server has no voice or persona prompt; callers' "
+                        "voice and instructions are ignored")
+        return plugin
+
+    def link_request(self, session_config: SessionConfig) -> LinkRequest:
+        if self.upstream_kind == "kyutai":
+            if session_config.voice or session_config.instructions:
+                log.info("moshi-server: Kyutai's server ignores the caller's voice and persona")
+            return LinkRequest(model=self.model)
+        persona = (session_config.instructions or "").strip() or DEFAULT_PERSONA
+        return LinkRequest(voice=session_config.voice or self.voice or DEFAULT_VOICE,
+                           instructions=persona, model=self.model)

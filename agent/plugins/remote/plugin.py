@@ -138,13 +138,14 @@ class RemotePlugin(Plugin):
         # engine seat for a call that may never come.
         self.check_extra_body(session_config.extra_body, frozenset())
 
+    def link_request(self, session_config: SessionConfig) -> LinkRequest:
+        """What the engine is asked for: the caller's voice and instructions."""
+        return LinkRequest(voice=session_config.voice or self.voice,
+                           instructions=session_config.instructions, model=self.model)
+
     async def prepare_runtime_config(self, session_config: SessionConfig) -> RuntimeConfig:
         await self.validate_session_config(session_config)
-        request = LinkRequest(
-            voice=session_config.voice or self.voice,
-            instructions=session_config.instructions,
-            model=self.model,
-        )
+        request = self.link_request(session_config)
         link = await self._open_link(request)
         token = secrets.token_urlsafe(12)
         with self._parked_lock:
