@@ -65,6 +65,13 @@ def build_parser() -> argparse.ArgumentParser:
     model.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda")
     model.add_argument("--dtype", default=None, help="float32 or bfloat16 (default by device)")
     model.add_argument("--voice", default=None, help="default voice, e.g. NATF2.pt")
+    model.add_argument("--sampling", choices=("greedy", "reference"), default="greedy",
+                       help="personaplex/moshi token choice when a call does not set "
+                       "extra_body.sampling: greedy (argmax), or reference = NVIDIA's server "
+                       "defaults (sampling, temperature 0.8/0.7, top-k 250/25)")
+    model.add_argument("--prompt-cache-size", type=int, default=None, metavar="N",
+                       help="personaplex/moshi: prompt snapshots (voice, persona) kept ready "
+                       "(default 32)")
     model.add_argument("--upstream", action="append", default=[],
                        help="remote engine URL (repeatable; vllm-omni, moshi-server)")
     model.add_argument("--model", default=None, help="model name to ask a remote engine for")
@@ -164,7 +171,9 @@ def plugin_options_from_args(args: argparse.Namespace) -> PluginOptions:
         extra={"upstream_capacity": args.upstream_capacity,
                "upstream_handshake_timeout": args.upstream_handshake_timeout,
                "upstream_stall_timeout": args.upstream_stall_timeout,
-               "upstream_kind": args.upstream_kind},
+               "upstream_kind": args.upstream_kind,
+               "sampling": args.sampling,
+               "prompt_cache_size": args.prompt_cache_size},
     )
 
 

@@ -198,3 +198,26 @@ def test_sessions_keep_their_prompt_when_the_cache_evicts_it(tiny_checkpoint: Pa
         assert after == before
     finally:
         asyncio.run(plugin.close())
+
+
+def test_reference_preset_server_samples_repeatably_by_seed(tiny_checkpoint: Path) -> None:
+    loaded = load_plugin("personaplex", PluginOptions(model_dir=str(tiny_checkpoint), max_sessions=1,
+                                                      extra={"sampling": "reference"}))
+    assert isinstance(loaded, PersonaPlexPlugin)
+    _start(loaded)
+    frames = speech_like_frames(seed=9, count=6)
+
+    def run(**extra_body: object) -> list:
+        config = _prepare(loaded, extra_body=extra_body)
+        session = loaded.create_session(config)
+        try:
+            return [loaded.step([(session, f)])[0].tokens for f in frames]
+        finally:
+            loaded.close_session(session)
+
+    try:
+        assert run(seed=3) == run(seed=3)  # the server's preset: sampling, seeded per call
+        assert run(seed=3) != run(seed=4)
+        assert run(sampling="greedy") == run(sampling=False)
+    finally:
+        asyncio.run(loaded.close())

@@ -90,3 +90,18 @@ def test_bad_sampling_options_are_invalid_option(extra_body: dict, param: str) -
 def test_update_errors() -> None:
     assert policy.voice_update_unsupported("personaplex").code == "voice_update_unsupported"
     assert policy.persona_update_unsupported("moshi").code == "persona_update_unsupported"
+
+
+def test_sampling_presets_by_name_and_as_the_servers_default() -> None:
+    reference = policy.sampling_options({"sampling": "reference"}, card=2048, text_card=32000)
+    # NVIDIA's server defaults (its LMGen: temp 0.8 / 0.7, top-k 250 / 25, sampling on).
+    assert (reference.use_sampling, reference.temperature, reference.temperature_text,
+            reference.top_k, reference.top_k_text) == (True, 0.8, 0.7, 250, 25)
+    assert not policy.sampling_options({"sampling": "greedy"}, 2048, 32000).use_sampling
+    assert policy.sampling_options({}, 2048, 32000, default="reference").use_sampling
+    # A call still chooses for itself on a server whose default is the reference preset.
+    assert not policy.sampling_options({"sampling": False}, 2048, 32000,
+                                       default="reference").use_sampling
+    with pytest.raises(PluginError) as refused:
+        policy.sampling_options({"sampling": "creative"}, 2048, 32000)
+    assert refused.value.param == "extra_body.sampling"

@@ -120,8 +120,10 @@ class PersonaPlexPlugin(Plugin):
 
     def __init__(self, model_dir: str | None, device: str = "cpu", dtype: str | None = None,
                  max_sessions: int = 0, voice: str | None = None,
-                 prompt_cache_size: int | None = None) -> None:
+                 prompt_cache_size: int | None = None, sampling: str = "greedy") -> None:
         self.model_dir = model_dir
+        policy.sampling_choice(sampling)  # a bad --sampling fails at start-up
+        self.sampling = sampling
         self.device = parse_device(device)
         self.dtype = parse_dtype(dtype, self.device)
         default_sessions = DEFAULT_CUDA_SESSIONS if self.device.type == "cuda" else DEFAULT_CPU_SESSIONS
@@ -138,7 +140,8 @@ class PersonaPlexPlugin(Plugin):
     def from_options(cls, options: PluginOptions) -> PersonaPlexPlugin:
         cache_size = options.extra.get("prompt_cache_size")
         return cls(options.model_dir, options.device, options.dtype, options.max_sessions,
-                   options.voice, int(cache_size) if cache_size else None)
+                   options.voice, int(cache_size) if cache_size else None,
+                   str(options.extra.get("sampling") or "greedy"))
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -241,7 +244,7 @@ class PersonaPlexPlugin(Plugin):
         voice, persona = self._voice_and_persona(model, session_config)
         kwargs = model.info.lm_kwargs
         sampling = policy.sampling_options(session_config.extra_body, int(kwargs["card"]),
-                                           int(kwargs["text_card"]))
+                                           int(kwargs["text_card"]), self.sampling)
         options: dict[str, Any] = {"sampling": sampling}
         if model.prompts is not None:
             try:

@@ -36,6 +36,9 @@ DEFAULT_TEMPERATURE_TEXT = 0.7
 DEFAULT_TOP_K = 250
 DEFAULT_TOP_K_TEXT = 25
 MAX_SEED = 2**63 - 1
+# `extra_body.sampling` (and the server's `--sampling`): a bool, or a named preset. `reference`
+# is NVIDIA's server default (sampling on, the temperatures and top-k above, as its LMGen).
+SAMPLING_PRESETS = {"greedy": False, "reference": True}
 
 # A voice is a bare file name: letters, digits, '_', '-', '.', ending in .pt, no leading dot.
 _VOICE_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*\.pt$")
@@ -137,10 +140,21 @@ def _int_option(
     return value
 
 
-def sampling_options(extra_body: Mapping[str, Any], card: int, text_card: int) -> SamplingOptions:
+def sampling_choice(value: Any) -> bool:
+    """`sampling` as given: true/false or a preset name ("greedy", "reference")."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value in SAMPLING_PRESETS:
+        return SAMPLING_PRESETS[value]
+    raise _option_error("sampling", "must be true, false, \"greedy\" or \"reference\"")
+
+
+def sampling_options(extra_body: Mapping[str, Any], card: int, text_card: int,
+                     default: str = "greedy") -> SamplingOptions:
     """Validated decoding options. Sampling settings without `sampling: true` are refused so a
-    client never believes it is sampling while it gets greedy output."""
-    use_sampling = _bool_option(extra_body, "sampling", False)
+    client never believes it is sampling while it gets greedy output. `default` is the
+    server's preset, used when the call does not choose."""
+    use_sampling = sampling_choice(extra_body.get("sampling", default))
     tuned = [k for k in ("temperature", "temperature_text", "top_k", "top_k_text", "seed")
              if k in extra_body]
     if tuned and not use_sampling:
