@@ -7,8 +7,10 @@ from aiohttp import web
 from agent.media_agent import MediaAgent
 from agent.plugins.base import SessionConfig
 
+from .auth import principal_of
 from .errors import ApiError, read_json_object
 from .keys import AGENT_KEY
+from .realtime import RESOURCES_KEY, call_location
 
 
 async def post_offer(request: web.Request) -> web.Response:
@@ -20,7 +22,11 @@ async def post_offer(request: web.Request) -> web.Response:
         raise ApiError("missing_sdp", "'sdp' is required", param="sdp")
     session = SessionConfig.from_json(body.get("session"))
     call, answer_sdp = await agent.create_call(body["sdp"], session)
-    return web.json_response({"sdp": answer_sdp, "type": "answer", "call_id": call.id})
+    # A resource like any other call: GET, PATCH and DELETE /v1/realtime/calls/{call_id} reach
+    # it, for the credential that made it.
+    request.app[RESOURCES_KEY].add(call.id, principal_of(request))
+    return web.json_response({"sdp": answer_sdp, "type": "answer", "call_id": call.id,
+                              "location": call_location(call.id)})
 
 
 def add_routes(app: web.Application) -> None:

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import aiohttp
 import pytest
+from aiortc import RTCPeerConnection, RTCSessionDescription
 
-from agent.peer import run_call
-from support import RunningAgent, all_freed, wait_until
+from agent.peer import SignalTrack, run_call
+from agent.testsignal import make_test_signal
+from signaling.auth import AuthSettings
+from support import AgentFactory, RunningAgent, all_freed, wait_until
 
 AUDIO_OFFER_HEAD = "v=0\r\no=- 1 1 IN IP4 127.0.0.1\r\ns=-\r\nt=0 0\r\n"
 VIDEO_ONLY = AUDIO_OFFER_HEAD + "m=video 9 UDP/TLS/RTP/SAVPF 96\r\nc=IN IP4 0.0.0.0\r\na=rtpmap:96 VP8/90000\r\n"
@@ -86,3 +89,28 @@ async def test_health_counts_active_calls(echo_agent: RunningAgent) -> None:
             health = await response.json()
     assert health["status"] == "ok" and health["active_calls"] == 0
     assert health["plugin"] == "echo"
+
+
+async def test_an_offer_call_is_a_resource_its_owner_can_hang_up(start_agent: AgentFactory) -> None:
+    running = await start_agent(auth=AuthSettings(api_keys=("key-a", "key-b")))
+    caller = RTCPeerConnection()
+    caller.addTrack(SignalTrack(make_test_signal(5.0)))
+    try:
+        await caller.setLocalDescription(await caller.createOffer())
+        async with aiohttp.ClientSession() as http:
+            owner = {"Authorization": "Bearer key-a"}
+            async with http.post(running.url + "/offer", headers=owner, json={
+                    "sdp": caller.localDescription.sdp, "type": "offer"}) as response:
+                answer = await response.json()
+                assert response.status == 200, answer
+            call_id = answer["call_id"]
+            assert answer["location"] == f"/v1/realtime/calls/{call_id}"
+            await caller.setRemoteDescription(RTCSessionDescription(answer["sdp"], "answer"))
+            url = running.url + answer["location"]
+            async with http.delete(url, headers={"Authorization": "Bearer key-b"}) as response:
+                assert response.status == 404  # another credential does not see it
+            async with http.delete(url, headers=owner) as response:
+                assert response.status == 200 and (await response.json())["status"] == "ended"
+        await wait_until(lambda: all_freed(running))
+    finally:
+        await caller.close()
