@@ -57,12 +57,14 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 @dataclass(frozen=True)
 class AuthSettings:
     api_keys: tuple[str, ...] = ()
+    # Operator keys: valid wherever an API key is, and see and manage every tenant's calls.
+    admin_keys: tuple[str, ...] = ()
     secret_ttl_seconds: float = DEFAULT_SECRET_TTL
     max_secrets_per_key: int = DEFAULT_MAX_SECRETS_PER_KEY
 
     @property
     def open(self) -> bool:
-        return not self.api_keys
+        return not self.api_keys and not self.admin_keys
 
 
 @dataclass
@@ -149,8 +151,11 @@ class Principal:
     kind: str  # "open" | "key" | "secret"
     tenant: str | None = None
     secret: EphemeralSecret | None = field(default=None, compare=False)
+    operator: bool = False  # an --admin-key: every tenant's calls
 
     def may_manage(self, owner: Principal) -> bool:
+        if self.operator:
+            return True
         if self.secret is not None:
             return owner.secret is self.secret
         return owner.tenant == self.tenant
@@ -225,6 +230,9 @@ def authenticate(request: web.Request) -> Principal:
         raise ApiError("missing_api_key", "this server needs 'Authorization: Bearer <key>'",
                        headers={"WWW-Authenticate": "Bearer"}, status=401)
     if not settings.open:
+        admin = match_key(token, settings.admin_keys)
+        if admin is not None:
+            return Principal("key", tenant_of(admin), operator=True)
         key = match_key(token, settings.api_keys)
         if key is not None:
             return Principal("key", tenant_of(key))
@@ -360,6 +368,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "none: the server is open)",
     )
     group.add_argument(
+        "--admin-key", action="append", default=None, metavar="KEY",
+        help="an operator key (repeatable): accepted wherever an --api-key is, and sees and "
+        "ends every tenant's calls and legs (/metrics/calls lists them all); API keys see "
+        "only their own",
+    )
+    group.add_argument(
         "--secret-ttl", type=float, default=DEFAULT_SECRET_TTL, metavar="SECONDS",
         help=f"default lifetime of ephemeral secrets (default {DEFAULT_SECRET_TTL:g})",
     )
@@ -377,5 +391,6 @@ def settings_from_args(args: argparse.Namespace) -> AuthSettings:
     keys = [k for k in keys if k]
     ttl = min(max(1.0, args.secret_ttl), MAX_SECRET_TTL)
     return AuthSettings(api_keys=tuple(keys), secret_ttl_seconds=ttl,
-                        max_secrets_per_key=max(1, args.max_secrets_per_key))
+                        max_secrets_per_key=max(1, args.max_secrets_per_key),
+                        admin_keys=tuple(k for k in (args.admin_key or []) if k))
 

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from aiohttp import web
 
+from .auth import principal_of
 from .keys import AGENT_KEY
+from .realtime import RESOURCES_KEY
 
 
 async def get_health(request: web.Request) -> web.Response:
@@ -34,10 +36,12 @@ async def get_ready(request: web.Request) -> web.Response:
 
 
 async def get_calls(request: web.Request) -> web.Response:
+    """The caller's own calls and legs (an operator key: everyone's)."""
     agent = request.app[AGENT_KEY]
-    calls = [call.stats() for call in agent.calls.values()]
+    resources, principal = request.app[RESOURCES_KEY], principal_of(request)
     # Telephony legs (media-stream websockets, RTP) hold call slots too.
-    calls += [session.stats() for session in agent.sessions.values()]
+    legs = [*agent.calls.values(), *agent.sessions.values()]
+    calls = [leg.stats() for leg in legs if resources.visible_to(principal, leg.id)]
     return web.json_response({"calls": calls})
 
 

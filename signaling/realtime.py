@@ -43,7 +43,8 @@ class CallResource:
 
 
 class CallResources:
-    """Which credential owns which live call, and each call's ETag."""
+    """Which credential owns which live call or telephony leg, and each call's ETag. Every
+    route that reads, changes, ends or lists one asks here; another tenant's is a 404."""
 
     def __init__(self, agent: MediaAgent) -> None:
         self.agent = agent
@@ -55,13 +56,22 @@ class CallResources:
         self._resources[call_id] = resource
         return resource
 
+    def _live(self, call_id: str) -> bool:
+        return call_id in self.agent.calls or call_id in self.agent.sessions
+
     def prune(self) -> None:
-        for call_id in [c for c in self._resources if c not in self.agent.calls]:
+        for call_id in [c for c in self._resources if not self._live(c)]:
             del self._resources[call_id]
+
+    def visible_to(self, principal: Principal, call_id: str) -> bool:
+        resource = self._resources.get(call_id)
+        owner = resource.owner if resource is not None else None
+        return principal.operator or (owner is not None and principal.may_manage(owner)) or (
+            owner is None and principal.kind == "open")
 
     def lookup(self, call_id: str, principal: Principal) -> CallResource:
         resource = self._resources.get(call_id)
-        if resource is None or call_id not in self.agent.calls:
+        if resource is None or not self._live(call_id):
             self._resources.pop(call_id, None)
             raise ApiError("call_not_found", "no such call", param="call_id", status=404)
         if not principal.may_manage(resource.owner):

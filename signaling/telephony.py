@@ -31,8 +31,10 @@ from agent.telephony.rtp_leg import (
     open_rtp_leg, parse_host_port,
 )
 
+from .auth import principal_of
 from .errors import ApiError, read_json_object
 from .keys import AGENT_KEY
+from .realtime import RESOURCES_KEY
 
 log = logging.getLogger(__name__)
 
@@ -93,6 +95,7 @@ async def media_stream(request: web.Request) -> web.StreamResponse:
     with agent.admit():  # a full server answers 503 before the upgrade
         await socket.prepare(request)
         session = MediaStreamSession(agent, socket.send_str, close_socket)
+    request.app[RESOURCES_KEY].add(session.id, principal_of(request))
     log.info("media stream %s open from %s", session.id, request.remote)
     try:
         async for message in socket:
@@ -124,6 +127,7 @@ async def post_rtp(request: web.Request) -> web.Response:
                        param="strict_remote_port")
     settings = replace(settings, strict_remote_port=strict)
     leg = await open_rtp_leg(agent, remote, codec, session, settings, dtmf_payload_type)
+    request.app[RESOURCES_KEY].add(leg.id, principal_of(request))
     location = f"{RTP_PATH}/{leg.id}"
     return web.json_response(
         {"call_id": leg.id, "local": leg.local_text, "codec": codec.name,
@@ -134,7 +138,12 @@ async def post_rtp(request: web.Request) -> web.Response:
 
 
 def _rtp_leg(request: web.Request) -> RtpLeg:
-    leg = request.app[AGENT_KEY].sessions.get(request.match_info["call_id"])
+    call_id = request.match_info["call_id"]
+    try:
+        request.app[RESOURCES_KEY].lookup(call_id, principal_of(request))
+    except ApiError:
+        raise ApiError("not_found", "no such RTP leg", status=404) from None
+    leg = request.app[AGENT_KEY].sessions.get(call_id)
     if not isinstance(leg, RtpLeg):
         raise ApiError("not_found", "no such RTP leg", status=404)
     return leg
