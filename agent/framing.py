@@ -24,8 +24,16 @@ class FrameAssembler:
         self._resampled_channels = channels
         # Source format changes (e.g. a codec switch) need a fresh resampler.
         self._source_key: tuple[str, str, int] | None = None
+        self._closed = False
+
+    def close(self) -> None:
+        """Free libav's resampler (and its threads) now; later pushes yield nothing."""
+        self._closed = True
+        self._resampler = None
 
     def push(self, frame: av.AudioFrame) -> list[np.ndarray]:
+        if self._closed:
+            return []
         key = (frame.format.name, frame.layout.name, frame.sample_rate)
         if self._resampler is None or key != self._source_key:
             # Stereo to mono is averaged here, not by libswresample, whose -3 dB pan law

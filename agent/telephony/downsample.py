@@ -31,7 +31,13 @@ class ChunkResampler:
             else None
         )
         self._started = False
+        self.closed = False
         self.short_chunks = 0  # chunks padded with zeros (should stay 0 after the first)
+
+    def close(self) -> None:
+        """Free libav's resampler (and its threads) now, not when a GC cycle finds the leg."""
+        self.closed = True
+        self._resampler = None
 
     def convert(self, samples: np.ndarray | None) -> np.ndarray:
         """`samples`: float32 mono, `source_samples` long, or None for silence."""
@@ -39,8 +45,8 @@ class ChunkResampler:
             np.zeros(self.source_samples, dtype=np.int16) if samples is None
             else float_to_s16(samples)
         )
-        if self._resampler is None:
-            return pcm
+        if self._resampler is None or self.closed:
+            return pcm[: self.target_samples] if self.closed else pcm
         produced = self._resample(pcm)
         if not self._started:
             self._started = True

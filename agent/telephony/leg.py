@@ -168,6 +168,8 @@ class TelephonyLeg:
             await self.close_transport(reason)
         except Exception as exc:
             log.warning("%s: closing the transport: %r", self.id, exc)
+        self.assembler.close()
+        self.resampler.close()
         self.agent.unregister_session(self)
         self.closed.set()
         log.info("%s end reason=%s duration=%.1fs", self.id, reason,

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import gc
+import os
 import random
 import socket
 import time
@@ -328,3 +330,27 @@ async def test_remote_audio_from_another_port_is_taken_unless_strict(echo_agent:
     await wait_until(lambda: not echo_agent.agent.sessions)
     listener.transport.close()  # type: ignore[union-attr]
     sender.transport.close()  # type: ignore[union-attr]
+
+
+async def test_closed_legs_leave_no_libav_threads_behind(echo_agent: RunningAgent) -> None:
+    def os_threads() -> int:
+        return len(os.listdir("/proc/self/task"))
+
+    async with aiohttp.ClientSession() as http:
+        status, body = await open_leg(http, echo_agent, {"remote": "127.0.0.1:5004"})
+        async with http.delete(f"{echo_agent.url}{RTP_PATH}/{body['call_id']}"):
+            pass
+        await wait_until(lambda: not echo_agent.agent.sessions)
+        before = os_threads()
+        gc.disable()  # freed by the leg's own teardown, not by a collection that happens to run
+        try:
+            for _ in range(20):
+                status, body = await open_leg(http, echo_agent, {"remote": "127.0.0.1:5004"})
+                assert status == 201, body
+                await asyncio.sleep(0.05)  # a few chunks through the resamplers
+                async with http.delete(f"{echo_agent.url}{RTP_PATH}/{body['call_id']}"):
+                    pass
+            await wait_until(lambda: not echo_agent.agent.sessions)
+            assert os_threads() <= before + 2
+        finally:
+            gc.enable()
