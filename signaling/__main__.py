@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import errno
 import logging
+import os
 import signal
 import ssl
 import sys
@@ -35,6 +36,16 @@ def _codec_list(text: str) -> tuple[str, ...]:
         return parse_codec_list(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+# Real-time Opus echo calls one core held with room to spare when last measured (README,
+# capacity; 48 held on a quiet core, 12 with another busy process beside it): a default that
+# keeps an unconfigured server from taking calls it cannot serve in real time.
+CALLS_PER_CORE = 24
+
+
+def default_max_sessions() -> int:
+    return CALLS_PER_CORE * (os.cpu_count() or 1)
 
 
 class DefaultsShown(argparse.HelpFormatter):
@@ -89,8 +100,10 @@ def build_parser() -> argparse.ArgumentParser:
                        help="seconds without a message from a remote engine before the call "
                        "gets an error (default 5)")
     calls = parser.add_argument_group("calls")
-    calls.add_argument("--max-sessions", type=int, default=0,
-                       help="concurrent calls admitted (0 = unlimited)")
+    calls.add_argument("--max-sessions", type=int, default=None,
+                       help="concurrent calls admitted, all transports together (default: "
+                       f"{CALLS_PER_CORE} per CPU core = {default_max_sessions()} here, or the "
+                       "plugin's own limit when lower; 0 = unlimited)")
     calls.add_argument("--max-call-seconds", type=float, default=0.0,
                        help="hard limit on a call's length (0 = none)")
     calls.add_argument("--idle-timeout", type=float, default=15.0,
@@ -139,7 +152,7 @@ def settings_from_args(args: argparse.Namespace) -> AgentSettings:
         ice_servers=ice.ice_servers_from_args(args),
         jitter_prefetch_packets=max(0, args.jitter_buffer),
         codecs=tuple(args.codecs),
-        max_calls=args.max_sessions,
+        max_calls=default_max_sessions() if args.max_sessions is None else args.max_sessions,
         call=CallSettings(
             idle_timeout=args.idle_timeout,
             connect_timeout=args.connect_timeout,
@@ -166,7 +179,7 @@ def tls_context_from_args(args: argparse.Namespace) -> ssl.SSLContext | None:
 def plugin_options_from_args(args: argparse.Namespace) -> PluginOptions:
     return PluginOptions(
         model_dir=args.model_dir, device=args.device, dtype=args.dtype,
-        max_sessions=args.max_sessions, voice=args.voice,
+        max_sessions=args.max_sessions or 0, voice=args.voice,
         upstreams=tuple(args.upstream), model=args.model,
         extra={"upstream_capacity": args.upstream_capacity,
                "upstream_handshake_timeout": args.upstream_handshake_timeout,
