@@ -37,10 +37,10 @@ sys.path.insert(0, str(ROOT))  # run as a script from anywhere
 sys.path.insert(0, str(ROOT / "tests"))
 
 from agent.media_agent import AgentSettings, MediaAgent  # noqa: E402
-from agent.peer import save_wav  # noqa: E402
+from agent.testing.peer import save_wav  # noqa: E402
 from agent.plugins.echo import EchoPlugin  # noqa: E402
 from agent.rtc_tuning import limit_host_addresses  # noqa: E402
-from agent.testsignal import make_test_signal, measure_echo  # noqa: E402
+from agent.testing.testsignal import make_test_signal, measure_echo  # noqa: E402
 from chromium_browser import launch_chromium, open_page  # noqa: E402
 from signaling.app import create_app  # noqa: E402
 

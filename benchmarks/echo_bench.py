@@ -62,9 +62,9 @@ def server(kind: str, extra: list[str] | None = None) -> Iterator[str]:
 
 async def run_callers(url: str, count: int, seconds: float, codec: str,
                       preencode: bool) -> list[dict[str, Any]]:
-    from agent.peer import PreencodedSignalTrack, run_call
+    from agent.testing.peer import PreencodedSignalTrack, run_call
     from agent.rtc_tuning import limit_host_addresses
-    from agent.testsignal import make_test_signal
+    from agent.testing.testsignal import make_test_signal
 
     limit_host_addresses(["127.0.0.1"])
     signal_samples = make_test_signal(seconds + 1)

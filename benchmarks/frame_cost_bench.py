@@ -22,14 +22,14 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
-from agent.clock import FakeClock
+from agent.testing.clock import FakeClock
 from agent.framing import FrameAssembler
 from agent.outbound import float_to_s16
 from agent.pacer import Pacer
 from agent.playout import PlayoutBuffer
 from agent.plugins.base import RuntimeConfig
 from agent.plugins.echo import EchoPlugin
-from agent.testsignal import make_test_signal
+from agent.testing.testsignal import make_test_signal
 from agent.ticker import TickedSession
 
 

@@ -28,7 +28,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
 from agent.media_agent import MediaAgent  # noqa: E402
-from agent.peer import run_call  # noqa: E402
+from agent.testing.peer import run_call  # noqa: E402
 from agent.plugins.base import Plugin  # noqa: E402
 from agent.plugins.echo import EchoPlugin  # noqa: E402
 from agent.plugins.remote.moshi_server import MoshiServerPlugin  # noqa: E402

@@ -28,7 +28,7 @@ from aiortc.rtp import RtpPacket
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from agent.telephony.codec import PCMU  # noqa: E402
-from agent.testsignal import make_test_signal, measure_echo  # noqa: E402
+from agent.testing.testsignal import make_test_signal, measure_echo  # noqa: E402
 
 RATE = 8000
 

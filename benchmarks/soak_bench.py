@@ -72,7 +72,7 @@ async def abandoned_offer(http: aiohttp.ClientSession, url: str) -> None:
 
 
 async def one_round(url: str, calls: int, seconds: float) -> dict[str, Any]:
-    from agent.peer import run_call
+    from agent.testing.peer import run_call
 
     async with aiohttp.ClientSession() as http:
         async def call(index: int) -> Any:

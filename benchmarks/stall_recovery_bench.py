@@ -26,11 +26,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script 
 from aiohttp.test_utils import TestServer  # noqa: E402
 
 from agent.media_agent import AgentSettings, MediaAgent  # noqa: E402
-from agent.peer import PEER_RATE, run_call  # noqa: E402
+from agent.testing.peer import PEER_RATE, run_call  # noqa: E402
 from agent.plugins.base import PluginSession, StepOutput  # noqa: E402
 from agent.plugins.echo import EchoPlugin  # noqa: E402
 from agent.rtc_tuning import limit_host_addresses  # noqa: E402
-from agent.testsignal import decimate, make_test_signal  # noqa: E402
+from agent.testing.testsignal import decimate, make_test_signal  # noqa: E402
 from signaling.app import create_app  # noqa: E402
 
 BURST_SECONDS = 0.7

@@ -111,7 +111,7 @@ def _payloads(seconds: float) -> list[bytes]:
     import numpy as np
 
     from agent.telephony.g711 import mulaw_encode
-    from agent.testsignal import make_test_signal
+    from agent.testing.testsignal import make_test_signal
 
     pcm = (make_test_signal(seconds, 8000) * 32767).astype(np.int16)
     return [mulaw_encode(pcm[i:i + CHUNK]) for i in range(0, len(pcm) - CHUNK + 1, CHUNK)]

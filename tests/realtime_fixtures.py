@@ -19,8 +19,8 @@ from aiortc import (
 )
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
-from agent.peer import PEER_RATE, Recording, SignalTrack
-from agent.testsignal import make_test_signal
+from agent.testing.peer import PEER_RATE, Recording, SignalTrack
+from agent.testing.testsignal import make_test_signal
 
 CALLS = "/v1/realtime/calls"
 

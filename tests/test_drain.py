@@ -11,7 +11,7 @@ import time
 import aiohttp
 
 from agent.media_agent import AgentSettings
-from agent.peer import run_call
+from agent.testing.peer import run_call
 from signaling.auth import AuthSettings
 from signaling.drain import DRAIN_KEY
 

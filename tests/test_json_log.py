@@ -9,7 +9,7 @@ import sys
 
 from agent.call import new_call_id
 from agent.json_log import JsonFormatter
-from agent.peer import run_call
+from agent.testing.peer import run_call
 from agent.task_owner import TaskOwner
 
 from test_cli_lifecycle import free_tcp_port, read_until

@@ -10,8 +10,8 @@ import aiohttp
 
 from agent.call_settings import CallSettings
 from agent.media_agent import AgentSettings
-from agent.peer import PEER_RATE
-from agent.testsignal import measure_echo
+from agent.testing.peer import PEER_RATE
+from agent.testing.testsignal import measure_echo
 from realtime_fixtures import CALLS, RealtimeClient, offer_sdp_once, realtime_clients  # noqa: F401
 from signaling.auth import AuthSettings
 from support import AgentFactory, all_freed, wait_until

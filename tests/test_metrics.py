@@ -9,7 +9,7 @@ import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 
 from agent.media_agent import AgentSettings
-from agent.peer import run_call
+from agent.testing.peer import run_call
 from signaling.auth import AuthSettings
 
 from support import AgentFactory, RunningAgent, all_freed, wait_until

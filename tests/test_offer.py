@@ -6,8 +6,8 @@ import aiohttp
 import pytest
 from aiortc import RTCPeerConnection, RTCSessionDescription
 
-from agent.peer import SignalTrack, run_call
-from agent.testsignal import make_test_signal
+from agent.testing.peer import SignalTrack, run_call
+from agent.testing.testsignal import make_test_signal
 from signaling.auth import AuthSettings
 from support import AgentFactory, RunningAgent, all_freed, wait_until
 

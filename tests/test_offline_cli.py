@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from agent.peer import save_wav
-from agent.testsignal import make_test_signal
+from agent.testing.peer import save_wav
+from agent.testing.testsignal import make_test_signal
 
 
 @pytest.mark.parametrize("input_name,output,code", [

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from agent.clock import FakeClock
+from agent.testing.clock import FakeClock
 from agent.outbound import AgentAudioTrack
 from agent.pacer import Pacer
 from agent.playout import PlayoutBuffer

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from agent.peer import event_counts, save_wav
-from agent.testsignal import make_test_signal
+from agent.testing.peer import event_counts, save_wav
+from agent.testing.testsignal import make_test_signal
 from support import RunningAgent
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from agent.clock import FakeClock
+from agent.testing.clock import FakeClock
 from agent.pacer import Pacer
 from agent.playout import TRIM_HOLD_PUSHES, TRIM_WINDOW_PUSHES, PlayoutBuffer
 

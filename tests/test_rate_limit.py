@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from agent.clock import FakeClock
+from agent.testing.clock import FakeClock
 from agent.rate_limit import TokenBucket
 
 

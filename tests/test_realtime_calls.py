@@ -6,8 +6,8 @@ import asyncio
 
 import aiohttp
 
-from agent.testsignal import measure_echo
-from agent.peer import PEER_RATE
+from agent.testing.testsignal import measure_echo
+from agent.testing.peer import PEER_RATE
 
 from realtime_fixtures import CALLS, RealtimeClient, realtime_clients  # noqa: F401
 from support import AgentFactory, all_freed, wait_until
@@ -236,7 +236,7 @@ async def test_options_preflight_and_cors_headers(start_agent: AgentFactory) -> 
 
 
 async def test_headless_peer_speaks_the_realtime_route(start_agent: AgentFactory) -> None:
-    from agent.peer import run_call
+    from agent.testing.peer import run_call
     from signaling.auth import AuthSettings
 
     running = await start_agent(auth=AuthSettings(api_keys=("sk-peer",)))

@@ -12,7 +12,7 @@ import pytest
 
 from agent.call_settings import CallSettings
 from agent.media_agent import AgentSettings
-from agent.peer import run_call
+from agent.testing.peer import run_call
 from agent.recording import take_record_option
 from agent.errors import AgentError
 from agent.plugins.base import SessionConfig

@@ -14,7 +14,7 @@ from aiortc.rtcdtlstransport import SRTP_AES128_CM_SHA1_80, RTCCertificate, gene
 from cryptography.hazmat.primitives.asymmetric import rsa
 from OpenSSL import SSL
 
-from agent.peer import SignalTrack, post_offer
+from agent.testing.peer import SignalTrack, post_offer
 from agent.rtc_tuning import (
     ImmediateAudioJitterBuffer,
     accept_rsa_dtls_peers,
@@ -24,7 +24,7 @@ from agent.rtc_tuning import (
     negotiated_codecs,
     restrict_codecs,
 )
-from agent.testsignal import make_test_signal
+from agent.testing.testsignal import make_test_signal
 from support import AgentFactory, all_freed, wait_until
 
 

@@ -6,7 +6,7 @@ import asyncio
 
 import aiohttp
 
-from agent.peer import run_call
+from agent.testing.peer import run_call
 from signaling.auth import AuthSettings
 from support import AgentFactory, all_freed, wait_until
 

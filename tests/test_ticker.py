@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import numpy as np
 import pytest
 
-from agent.clock import FakeClock
+from agent.testing.clock import FakeClock
 from agent.plugins.base import (
     Capabilities, Plugin, PluginSession, RuntimeConfig, SessionConfig, StepOutput,
 )

@@ -9,8 +9,8 @@ import aiohttp
 from aiortc import RTCIceServer
 
 from agent.media_agent import AgentSettings
-from agent.peer import PEER_RATE
-from agent.testsignal import measure_echo
+from agent.testing.peer import PEER_RATE
+from agent.testing.testsignal import measure_echo
 from realtime_fixtures import RealtimeClient, realtime_clients  # noqa: F401
 from support import AgentFactory, all_freed, wait_until
 from turn_fixtures import TurnServer, turn_server  # noqa: F401

@@ -22,8 +22,8 @@ import aiohttp
 import numpy as np
 import pytest
 
-from agent.peer import save_wav
-from agent.testsignal import decimate, make_test_signal, measure_echo
+from agent.testing.peer import save_wav
+from agent.testing.testsignal import decimate, make_test_signal, measure_echo
 from support import AgentFactory, wait_until
 
 RTP_PATH = "/v1/telephony/rtp"

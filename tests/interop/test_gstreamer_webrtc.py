@@ -18,9 +18,9 @@ import pytest
 
 import numpy as np
 
-from agent.peer import save_wav
+from agent.testing.peer import save_wav
 from agent.rtc_tuning import limit_host_addresses
-from agent.testsignal import make_test_signal, measure_echo
+from agent.testing.testsignal import make_test_signal, measure_echo
 from support import AgentFactory, all_freed, wait_until
 
 SYSTEM_PYTHON = "/usr/bin/python3"

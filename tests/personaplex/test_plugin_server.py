@@ -8,7 +8,7 @@ from pathlib import Path
 import aiohttp
 import numpy as np
 
-from agent.peer import run_call
+from agent.testing.peer import run_call
 from agent.plugins.personaplex.plugin import PersonaPlexPlugin
 
 from support import AgentFactory, all_freed, wait_until

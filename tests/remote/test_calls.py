@@ -8,7 +8,7 @@ from collections import Counter
 import aiohttp
 
 from agent.media_agent import AgentSettings
-from agent.peer import run_call
+from agent.testing.peer import run_call
 from agent.plugins.remote.link import LinkSettings
 from agent.plugins.remote.moshi_server import MoshiServerPlugin
 from agent.plugins.remote.vllm_omni import VllmOmniPlugin

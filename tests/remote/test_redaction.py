@@ -9,7 +9,7 @@ import socket
 import aiohttp
 import pytest
 
-from agent.peer import run_call
+from agent.testing.peer import run_call
 from agent.plugins.remote.vllm_omni import VllmOmniPlugin
 
 from support import AgentFactory

@@ -8,7 +8,7 @@ from aiortc import RTCConfiguration, RTCPeerConnection, RTCRtpSender, RTCSession
 from aiortc.mediastreams import AudioStreamTrack
 
 from agent.media_agent import AgentSettings
-from agent.peer import run_call
+from agent.testing.peer import run_call
 from agent.rtc_tuning import parse_codec_list
 from signaling.__main__ import build_parser, settings_from_args
 from support import AgentFactory, RunningAgent

@@ -19,7 +19,7 @@ from agent.media_agent import AgentSettings
 from agent.plugins.base import PluginSession, StepOutput
 from agent.plugins.echo import EchoPlugin
 from agent.telephony.g711 import mulaw_decode, mulaw_encode
-from agent.testsignal import measure_echo
+from agent.testing.testsignal import measure_echo
 from signaling.auth import AuthSettings
 from signaling.telephony import TelephonyConfig
 from keypad_plugin import KeypadEchoPlugin

@@ -20,7 +20,7 @@ from agent.media_agent import AgentSettings
 from agent.telephony.codec import L16_16K, PCMU, NarrowbandCodec
 from agent.telephony.rtp_leg import RtpSettings
 from agent.telephony.telephone_event import telephone_event_payload
-from agent.testsignal import make_test_signal, measure_echo
+from agent.testing.testsignal import make_test_signal, measure_echo
 from signaling.telephony import TelephonyConfig
 from keypad_plugin import KeypadEchoPlugin
 from support import AgentFactory, RunningAgent, wait_until
