@@ -1,7 +1,8 @@
 """One call: a peer connection, its inbound reader, its ticker seat, its paced outbound track.
 
-Follow one frame: the remote track's decoded audio → `FrameAssembler` (resample + exact
-frames) → `TickedSession.push` → the ticker's batched `plugin.step` → `on_output` →
+Follow one frame: the remote track's decoded audio → `FrameAssembler` (resample to the
+plugin's rate) → `TickedSession.push` (the ticker cuts exact frames) → the ticker's batched
+`plugin.step` → `on_output` →
 `PlayoutBuffer` → `AgentAudioTrack.recv` (paced 20 ms) → the peer.
 """
 
@@ -29,6 +30,7 @@ from .playout import PlayoutBuffer
 from .realtime_session import session_config_from_realtime
 from .call_settings import CallSettings
 from .errors import AgentError
+from .rtc_tuning import InlineAudioDecoding
 from .recording import CallRecorder, recorder_for, take_record_option
 from .plugins.base import Plugin, SessionConfig, StepOutput
 from .task_owner import TaskOwner
@@ -70,6 +72,7 @@ class Call:
         self.events = EventChannel()
         self.ticked: TickedSession | None = None
         self.recorder: CallRecorder | None = None
+        self.inbound_decoding: InlineAudioDecoding | None = None  # None: aiortc decodes
         self.session_config = SessionConfig()
         self.started_at = time.monotonic()
         self.connected_at: float | None = None
@@ -387,6 +390,8 @@ class Call:
             "connection_state": self.pc.connectionState,
             "age_s": round(time.monotonic() - self.started_at, 3),
             "inbound": self.ticked.counters.to_dict() if self.ticked else None,
+            "decode_errors": (self.inbound_decoding.decode_errors
+                              if self.inbound_decoding is not None else None),
             "playout": {
                 "buffered_ms": round(
                     self.playout.buffered_samples / self.capabilities.sample_rate * 1000, 1

@@ -1,8 +1,10 @@
-"""Inbound audio of any codec rate/layout → exact plugin frames.
+"""Inbound audio of any codec rate/layout → float32 mono at the plugin's rate.
 
 `FrameAssembler` takes decoded `av.AudioFrame`s (Opus 48 kHz stereo, G.711 8 kHz mono, ...)
-or raw PCM chunks and yields float32 frames of exactly the plugin's frame size at its rate.
-libswresample (through PyAV) does the resampling and the re-chunking in one pass.
+or raw PCM chunks and resamples them with libswresample (through PyAV). Every caller passes
+`frame_size=None`: audio goes on as it comes, and the ticker cuts the exact plugin frames
+from its FIFO, so no packet waits here for the next one. A `frame_size` would re-chunk here
+instead.
 """
 
 from __future__ import annotations

@@ -18,6 +18,7 @@ from .errors import CallError
 from .plugins.base import Plugin, PluginError, SessionConfig
 from .recording import take_record_option
 from .rtc_tuning import (
+    AUDIO_CODECS,
     accept_rsa_dtls_peers,
     decode_audio_inline,
     is_no_common_codec,
@@ -33,7 +34,7 @@ from .ticker import Ticker
 
 log = logging.getLogger(__name__)
 
-DEFAULT_CODECS = ("opus", "PCMU", "PCMA")
+DEFAULT_CODECS = AUDIO_CODECS  # every codec aiortc negotiates, Opus first
 
 
 @dataclass
@@ -172,7 +173,7 @@ class MediaAgent:
             extra.direction = "inactive"
         set_audio_jitter_prefetch(main.receiver, self.settings.jitter_prefetch_packets)
         if self.settings.inline_decoding:
-            decode_audio_inline(main.receiver)
+            call.inbound_decoding = decode_audio_inline(main.receiver)
         main.direction = "sendrecv"
         main.sender.replaceTrack(call.track)
         codec = negotiated_codecs(main)[0]

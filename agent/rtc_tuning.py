@@ -126,14 +126,16 @@ class InlineAudioDecoding:
         return None
 
 
-def decode_audio_inline(receiver: RTCRtpReceiver) -> bool:
-    """Install `InlineAudioDecoding` on a receiver that has not started yet."""
+def decode_audio_inline(receiver: RTCRtpReceiver) -> InlineAudioDecoding | None:
+    """Install `InlineAudioDecoding` on a receiver that has not started yet (None: aiortc's
+    internals changed and decoding stays on its thread)."""
     attribute = "_RTCRtpReceiver__decoder_queue"
     if not hasattr(receiver, attribute) or getattr(receiver, "_track", None) is None:
         log.warning("aiortc internals changed: decoding stays on aiortc's thread")
-        return False
-    setattr(receiver, attribute, InlineAudioDecoding(receiver))
-    return True
+        return None
+    decoding = InlineAudioDecoding(receiver)
+    setattr(receiver, attribute, decoding)
+    return decoding
 
 
 def negotiated_codecs(transceiver: RTCRtpTransceiver) -> list[RTCRtpCodecParameters]:

@@ -27,7 +27,7 @@ from .auth import AuthSettings
 
 def install(app: web.Application, *, auth_settings: AuthSettings | None = None,
             cors_origins: tuple[str, ...] = ()) -> None:
-    # Outermost, so even refusals from the error middleware carry CORS headers.
+    # Outside the error and auth middlewares, so even their refusals carry CORS headers.
     app.middlewares.insert(0, cors.cors_middleware)
     app.middlewares.append(auth.auth_middleware)
     auth_settings = auth_settings or AuthSettings()

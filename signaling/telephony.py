@@ -162,7 +162,8 @@ async def delete_rtp(request: web.Request) -> web.Response:
 def add_routes(app: web.Application, config: TelephonyConfig | None = None) -> None:
     config = config or TelephonyConfig()
     app[TELEPHONY_KEY] = config
-    # Outermost, so the token is in place before any auth middleware looks for it.
+    # In front of the auth middleware (inserted first, so it runs first): the token from the
+    # URL is in place before auth looks for one.
     app.middlewares.insert(0, url_token_middleware(config.media_stream_path))
     app.router.add_get(config.media_stream_path, media_stream)
     app.router.add_get(config.media_stream_path + "/{token}", media_stream)

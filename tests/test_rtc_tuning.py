@@ -143,7 +143,7 @@ async def test_inline_decoding_and_codec_restriction_on_a_real_call() -> None:
         transceiver = answerer.getTransceivers()[0]
         assert [c.mimeType for c in negotiated_codecs(transceiver)][:2] == ["audio/opus", "audio/PCMU"]
         assert restrict_codecs(transceiver, ["PCMU", "opus"]) == ["PCMU"]
-        assert decode_audio_inline(transceiver.receiver)
+        assert decode_audio_inline(transceiver.receiver) is not None
 
         transceiver.direction = "recvonly"
         await answerer.setLocalDescription(await answerer.createAnswer())

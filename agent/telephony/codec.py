@@ -7,9 +7,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..encoding import PTIME  # every leg sends 20 ms per message/packet; RTP takes any in
 from . import g711
-
-PTIME = 0.02  # every leg sends 20 ms of audio per message/packet (RTP takes any duration in)
 
 
 def _l16_encode(samples: np.ndarray) -> bytes:

@@ -291,6 +291,7 @@ class TelephonyLeg:
                 "underrun_chunks": self.playout.underrun_chunks,
                 "reanchors": self.pacer.reanchors,
                 "trimmed_ms": round(self.playout.trimmed_samples / rate * 1000, 1),
+                "short_chunks": self.resampler.short_chunks,
             },
             "dtmf_refused": self.dtmf_refused,
             "events": [event["type"] for event in self.events],

@@ -229,10 +229,6 @@ class LMModel(nn.Module):
         return self.existing_text_padding_id
 
     @property
-    def end_of_text_padding_id(self) -> int:
-        return self.existing_text_end_padding_id
-
-    @property
     def device(self) -> torch.device:
         return self.text_linear.weight.device
 
