@@ -14,7 +14,12 @@ from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
@@ -98,12 +103,44 @@ def media_counts(leg: Any) -> dict[str, int]:
     return counts
 
 
+def _upstream_families(upstreams: list[dict[str, Any]]) -> Iterator[Metric]:
+    """A remote-engine plugin's pool (its `health()["upstreams"]`, URLs already redacted)."""
+    open_sessions = GaugeMetricFamily("agent_upstream_open_sessions",
+                                      "Engine sessions open on each upstream.", labels=["upstream"])
+    healthy = GaugeMetricFamily("agent_upstream_healthy",
+                                "1 while an upstream takes calls, 0 while backed off.",
+                                labels=["upstream"])
+    failures = CounterMetricFamily("agent_upstream_failures",
+                                   "Upstream failures (unreachable, dropped sessions).",
+                                   labels=["upstream"])
+    rtt = HistogramMetricFamily("agent_upstream_rtt_seconds",
+                                "Input frame sent to the upstream → its answering frame back.",
+                                labels=["upstream"])
+    for upstream in upstreams:
+        label = [str(upstream["url"])]
+        open_sessions.add_metric(label, upstream["active"])
+        healthy.add_metric(label, 1 if upstream["healthy"] else 0)
+        failures.add_metric(label, upstream.get("failures_total", 0))
+        histogram = upstream.get("rtt_seconds")
+        if histogram:
+            buckets = [("+Inf" if bound == "inf" else bound, count)
+                       for bound, count in histogram["buckets"].items()]
+            rtt.add_metric(label, buckets, histogram["sum"])
+    yield from (open_sessions, healthy, failures, rtt)
+
+
 class _LiveState(Collector):
     """State read from the agent at scrape time."""
 
     def __init__(self, agent: MediaAgent, metrics: AgentMetrics) -> None:
         self.agent = agent
         self.metrics = metrics
+
+    def _upstreams(self) -> Iterator[Metric]:
+        health = self.agent.plugin.health()
+        upstreams = health.get("upstreams") if isinstance(health, dict) else None
+        if upstreams:
+            yield from _upstream_families(upstreams)
 
     def _legs(self) -> Iterable[tuple[str, Any]]:
         for call in list(self.agent.calls.values()):
@@ -137,6 +174,7 @@ class _LiveState(Collector):
             for transport in sorted(per_transport):
                 family.add_metric([transport], totals[(transport, name)])
             yield family
+        yield from self._upstreams()
         counters = self.agent.ticker.counters
         late = CounterMetricFamily("agent_ticker_late_ticks",
                                    "Ticks that started more than one frame period late.",

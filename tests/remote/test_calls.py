@@ -6,6 +6,7 @@ import asyncio
 from collections import Counter
 
 import aiohttp
+from prometheus_client.parser import text_string_to_metric_families
 
 from agent.media_agent import AgentSettings
 from agent.testing.peer import run_call
@@ -178,4 +179,28 @@ async def test_a_failed_offer_gives_its_engine_seat_back_at_once(
     # ...and is released long before the 60 s claim timeout.
     await wait_until(lambda: fake.active == 0 and plugin.pool.upstreams[0].active == 0,
                      timeout=5)
+    await all_gone(running)
+
+
+async def test_metrics_show_each_upstream_with_its_round_trips(
+    start_agent: AgentFactory, start_fake: StartFake,
+) -> None:
+    fake = await start_fake("vllm")
+    url = fake.url.replace("ws://", "ws://user:pw@") + "&api_key=sk-secret"
+    running = await start_agent(VllmOmniPlugin([url], settings=SETTINGS))
+    report, _, _ = await run_call(running.url, seconds=3.0)
+    assert report.ok, report.error
+    async with aiohttp.ClientSession() as http:
+        async with http.get(f"{running.url}/metrics") as response:
+            text = await response.text()
+    assert "sk-secret" not in text and "user:pw" not in text  # redacted labels
+    samples = {(s.name, s.labels.get("le")): s.value
+               for family in text_string_to_metric_families(text)
+               if family.name.startswith("agent_upstream")
+               for s in family.samples}
+    assert samples[("agent_upstream_rtt_seconds_count", None)] > 5
+    assert samples[("agent_upstream_rtt_seconds_bucket", "+Inf")] == samples[
+        ("agent_upstream_rtt_seconds_count", None)]
+    assert samples[("agent_upstream_healthy", None)] == 1
+    assert samples[("agent_upstream_failures_total", None)] == 0
     await all_gone(running)

@@ -12,6 +12,7 @@ Their sum of holds is what the agent adds on top of the engine and the network.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -63,13 +64,17 @@ class LinkLatency:
             self._sent_at.append(sent_at)
             self.input_hold.add(sent_at - queued_at)
 
-    def samples_received(self, count: int, arrived_at: float) -> None:
+    def samples_received(self, count: int, arrived_at: float,
+                         on_rtt: Callable[[float], None] | None = None) -> None:
         """Count received output; every completed frame answers the oldest unanswered input."""
         self._received_samples += count
         while self._received_samples >= (self._answered_frames + 1) * self.frame_size:
             self._answered_frames += 1
             if self._sent_at:
-                self.upstream_rtt.add(max(0.0, arrived_at - self._sent_at.popleft()))
+                rtt = max(0.0, arrived_at - self._sent_at.popleft())
+                self.upstream_rtt.add(rtt)
+                if on_rtt is not None:
+                    on_rtt(rtt)
 
     def summary(self) -> dict[str, Any]:
         input_hold = self.input_hold.summary()

@@ -369,7 +369,8 @@ class UpstreamLink(abc.ABC):
             kind = entry[0]
             if kind == "audio":
                 samples = self.decode_audio(entry[1])
-                self.latency.samples_received(len(samples), entry[2])
+                self.latency.samples_received(len(samples), entry[2],
+                                              self.lease.upstream.observe_rtt)
                 self.reframer.push(samples, entry[2])
             elif kind == "text":
                 self._text.append(entry[1])

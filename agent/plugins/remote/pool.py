@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ...redact import redact_text, redact_url
@@ -19,6 +19,7 @@ from ..base import PluginError
 DEFAULT_BACKOFF_SECONDS = 1.0
 MAX_BACKOFF_SECONDS = 30.0
 FULL_COOLDOWN_SECONDS = 2.0
+RTT_BUCKETS = (0.05, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.0, float("inf"))
 
 
 @dataclass
@@ -28,8 +29,19 @@ class Upstream:
     active: int = 0
     assigned: int = 0  # calls ever given to it (tie-break: spread evenly)
     failures: int = 0  # consecutive
+    failures_total: int = 0
     skip_until: float = 0.0
     last_error: str | None = None
+    # Round trips (input frame sent → its answering output frame), for /metrics: cumulative
+    # counts per upper bound in RTT_BUCKETS, and their sum.
+    rtt_counts: list[int] = field(default_factory=lambda: [0] * len(RTT_BUCKETS))
+    rtt_sum: float = 0.0
+
+    def observe_rtt(self, seconds: float) -> None:
+        for index, bound in enumerate(RTT_BUCKETS):
+            if seconds <= bound:
+                self.rtt_counts[index] += 1
+        self.rtt_sum += seconds
 
     @property
     def label(self) -> str:
@@ -47,6 +59,9 @@ class Upstream:
             "assigned": self.assigned,
             "healthy": now >= self.skip_until,
             "failures": self.failures,
+            "failures_total": self.failures_total,
+            "rtt_seconds": {"buckets": dict(zip(map(str, RTT_BUCKETS), self.rtt_counts)),
+                            "sum": round(self.rtt_sum, 6)},
             "retry_in_s": round(max(0.0, self.skip_until - now), 3),
             "last_error": redact_text(self.last_error) if self.last_error else None,
         }
@@ -145,6 +160,7 @@ class UpstreamPool:
 
     def mark_failed(self, upstream: Upstream, reason: str) -> None:
         upstream.failures += 1
+        upstream.failures_total += 1
         delay = min(
             self.max_backoff_seconds, self.backoff_seconds * 2 ** (upstream.failures - 1)
         )
