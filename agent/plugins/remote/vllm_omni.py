@@ -29,6 +29,19 @@ log = logging.getLogger(__name__)
 INPUT_FORMAT = "pcm_f32le"
 OUTPUT_FORMAT = "pcm16"
 CAPACITY_CODES = frozenset({"resource_exhausted"})
+CAPACITY_TYPES = frozenset({"rate_limit_error"})
+# Refusals a server sends when a session cannot open, and what they mean for the caller: a bad
+# voice is the caller's mistake (400), the rest are the server's state (503 / 504).
+OPEN_REFUSAL_STATUS = {
+    "invalid_voice": 400,
+    "prefill_unavailable": 503,
+    "model_path_unavailable": 503,
+    "timeout": 504,
+}
+# Journaled events carry `server_event_seq`; these come from the handshake/transport layer
+# and never do, so their lack of one is not an anomaly.
+UNSEQUENCED_EVENTS = frozenset({"session.created", "error"})
+ENDING_EVENTS = frozenset({"session.closed", "session.expired"})
 
 
 def session_update(request: LinkRequest) -> dict[str, Any]:
@@ -61,12 +74,21 @@ def parse_event(message: aiohttp.WSMessage) -> dict[str, Any]:
 
 
 def upstream_error(event: dict[str, Any], *, opening: bool) -> UpstreamError:
-    body = event.get("error") if isinstance(event.get("error"), dict) else {}
+    raw = event.get("error")
+    if isinstance(raw, str):
+        # A server without the duplex API answers `?duplex=1` with a plain-string error (and
+        # a 1008 close): it can never serve these calls.
+        return UpstreamError("upstream_unsupported", f"model server has no duplex API: {raw}",
+                             status=503, pool_effect="failed")
+    body = raw if isinstance(raw, dict) else {}
     code = str(body.get("code") or body.get("type") or "upstream_error")
     message = str(body.get("message") or "the model server reported an error")
-    if code in CAPACITY_CODES:
+    if code in CAPACITY_CODES or body.get("type") in CAPACITY_TYPES:
         return UpstreamError(code, f"model server is full: {message}", status=503,
                              pool_effect="full")
+    if opening and code in OPEN_REFUSAL_STATUS:
+        return UpstreamError(code, f"model server refused the session: {message}",
+                             status=OPEN_REFUSAL_STATUS[code], pool_effect=None)
     prefix = "model server refused the session" if opening else "model server error"
     return UpstreamError(code, f"{prefix}: {message}", status=502)
 
@@ -104,6 +126,8 @@ class VllmOmniLink(UpstreamLink):
 
     def _check_seq(self, event: dict[str, Any]) -> None:
         seq = event.get("server_event_seq")
+        if seq is None and event.get("type") in UNSEQUENCED_EVENTS:
+            return
         if not isinstance(seq, int) or isinstance(seq, bool):
             self.seq_anomalies += 1
             return
@@ -130,7 +154,7 @@ class VllmOmniLink(UpstreamLink):
         elif kind == "error":
             error = upstream_error(event, opening=False)
             self.file_notice(PluginError(error.code, error.message, status=error.status))
-        elif kind == "session.closed":
+        elif kind in ENDING_EVENTS:
             reason = event.get("reason") or event.get("session", {}).get("close_reason")
             raise UpstreamError(
                 "upstream_session_closed", f"the model server ended the session ({reason})"
