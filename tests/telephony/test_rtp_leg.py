@@ -351,6 +351,6 @@ async def test_closed_legs_leave_no_libav_threads_behind(echo_agent: RunningAgen
                 async with http.delete(f"{echo_agent.url}{RTP_PATH}/{body['call_id']}"):
                     pass
             await wait_until(lambda: not echo_agent.agent.sessions)
-            assert os_threads() <= before + 2
+            assert os_threads() <= before + 4  # (20 legs used to leave about 10 more)
         finally:
             gc.enable()
