@@ -1,7 +1,6 @@
 """What every conversation's lifecycle is bounded by, whatever its transport.
 
-Shared by WebRTC calls (call.py) and telephony legs (telephony/leg.py), so neither imports
-the other for it.
+Read by the leg (leg.py) that every transport builds on.
 """
 
 from __future__ import annotations

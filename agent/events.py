@@ -15,6 +15,8 @@ log = logging.getLogger(__name__)
 
 MAX_CLIENT_EVENT_BYTES = 64 * 1024
 
+Send = Callable[[str], None]  # a message channel's send (an RTCDataChannel's, a websocket's)
+
 
 def event_id() -> str:
     return "event_" + secrets.token_hex(8)
@@ -60,10 +62,9 @@ class EventChannel:
     """
 
     def __init__(self) -> None:
-        self._send: Callable[[str], None] | None = None
-        self.observer: Callable[[dict[str, Any]], None] | None = None  # sees every event
+        self._send: Send | None = None
 
-    def attach(self, send: Callable[[str], None]) -> None:
+    def attach(self, send: Send) -> None:
         self._send = send
 
     def detach(self) -> None:
@@ -74,8 +75,6 @@ class EventChannel:
         return self._send is not None
 
     def send(self, event: dict[str, Any]) -> None:
-        if self.observer is not None:
-            self.observer(event)
         if self._send is None:
             return
         try:

@@ -1,4 +1,4 @@
-"""The media agent: owns the plugin, its ticker and every live call."""
+"""The media agent: owns the plugin, its ticker and the registry of every live leg."""
 
 from __future__ import annotations
 
@@ -7,16 +7,16 @@ import contextlib
 import logging
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 import aiortc
 from aiortc import RTCConfiguration, RTCIceServer, RTCPeerConnection, RTCSessionDescription
 
-from .call import Call, new_call_id
 from .call_settings import CallSettings
 from .errors import CallError
+from .leg import Leg
+from .leg_registry import LegRegistry
 from .plugins.base import Plugin, PluginError, SessionConfig
-from .recording import take_record_option
 from .rtc_tuning import (
     AUDIO_CODECS,
     accept_rsa_dtls_peers,
@@ -29,33 +29,22 @@ from .rtc_tuning import (
 )
 from .encoding import supports_inline
 from .sdp import check_offer_sdp, with_explicit_directions
-from .metrics import AgentMetrics, media_counts, transport_of
+from .metrics import AgentMetrics
 from .ticker import Ticker
+from .webrtc_leg import WebRtcLeg, new_call_id
 
 log = logging.getLogger(__name__)
-
-DEFAULT_CODECS = AUDIO_CODECS  # every codec aiortc negotiates, Opus first
 
 
 @dataclass
 class AgentSettings:
     ice_servers: list[RTCIceServer] = field(default_factory=list)
     jitter_prefetch_packets: int = 1
-    codecs: tuple[str, ...] = DEFAULT_CODECS
+    codecs: tuple[str, ...] = AUDIO_CODECS  # every codec aiortc negotiates, Opus first
     max_calls: int = 0  # 0 = no limit beyond the plugin's own
     inline_encoding: bool = True
     inline_decoding: bool = True
     call: CallSettings = field(default_factory=CallSettings)
-
-
-class ManagedSession(Protocol):
-    """A non-WebRTC leg (telephony websocket, plain RTP) that holds a call slot."""
-
-    id: str
-
-    async def close(self, reason: str = "hangup") -> None: ...
-
-    def stats(self) -> dict[str, Any]: ...
 
 
 class MediaAgent:
@@ -64,12 +53,9 @@ class MediaAgent:
         self.settings = settings or AgentSettings()
         accept_rsa_dtls_peers()
         self.ticker = Ticker(plugin)
-        self.calls: dict[str, Call] = {}
-        # Other legs on the same ticker; they count against the same admission limit.
-        self.sessions: dict[str, ManagedSession] = {}
-        self._pending_calls = 0
-        self._started = False
         self.metrics = AgentMetrics(plugin.id)
+        self.legs = LegRegistry(on_added=self._leg_started, on_removed=self._leg_ended)
+        self._started = False
         self.metrics.attach(self)
         self.ticker.on_tick = self.metrics.observe_tick
         # Set by a graceful drain: no new calls, live ones go on (see signaling/drain.py).
@@ -100,53 +86,47 @@ class MediaAgent:
             raise CallError("draining", "the server is draining for a restart; call another "
                             "instance or retry later", status=503)
         capacity = self.capacity
-        if capacity and len(self.calls) + len(self.sessions) + self._pending_calls >= capacity:
+        if capacity and self.legs.held_slots >= capacity:
             self.metrics.refused("server_full")
             raise CallError(
                 "server_full", f"all {capacity} call slots are in use; retry later", status=503
             )
 
+    @property
+    def calls(self) -> dict[str, WebRtcLeg]:
+        """The live WebRTC legs (a view of `legs`)."""
+        return self.legs.of_transport("webrtc")  # type: ignore[return-value]
+
+    @property
+    def sessions(self) -> dict[str, Leg]:
+        """The live telephony legs (a view of `legs`)."""
+        return {leg.id: leg for leg in self.legs if leg.transport != "webrtc"}
+
     async def create_call(
         self, offer_sdp: object, session: SessionConfig | None = None
-    ) -> tuple[Call, str]:
-        """Answer an SDP offer. Returns the call and the answer SDP; raises CallError/PluginError."""
+    ) -> tuple[WebRtcLeg, str]:
+        """Answer an SDP offer. Returns the leg and the answer SDP; raises AgentError."""
         sdp = check_offer_sdp(offer_sdp)
-        self.check_capacity()
-        self._pending_calls += 1
-        try:
+        with self.admit():
             return await self._create_call(sdp, session or SessionConfig())
-        finally:
-            self._pending_calls -= 1
 
-    async def _create_call(self, sdp: str, session: SessionConfig) -> tuple[Call, str]:
-        session, record_allowed = take_record_option(session)
-        runtime_config = await self.plugin.prepare_runtime_config(session)
+    async def _create_call(self, sdp: str, session: SessionConfig) -> tuple[WebRtcLeg, str]:
         pc = RTCPeerConnection(RTCConfiguration(iceServers=list(self.settings.ice_servers)))
-        call = Call(new_call_id(), pc, self.plugin, self.ticker, self.settings.call, self._forget)
-        call.session_config = session
-        pc.on("track", call.on_remote_track)
-        pc.on("datachannel", call.attach_channel)
-        pc.on("connectionstatechange", call.on_connection_state)
+        call = WebRtcLeg(new_call_id(), pc, self.plugin, self.ticker, self.settings.call,
+                         self.legs)
         try:
             await self._negotiate(pc, call, sdp)
-            call.ticked = await self.ticker.open_session(
-                runtime_config, call.on_output, call.on_plugin_error
-            )
-            call.start_recording(record_allowed)
+            await call.open_plugin_slot(session)
             answer = await pc.createAnswer()
             await pc.setLocalDescription(answer)
         except BaseException:
-            if call.ticked is None:
-                self.plugin.discard_runtime_config(runtime_config)
             await call.close("setup_failed")
             raise
-        self.calls[call.id] = call
-        self.metrics.call_started("webrtc")
+        self.legs.add(call)
         call.start_watchdog()
-        log.info("call %s start plugin=%s calls=%d", call.id, self.plugin.id, len(self.calls))
         return call, pc.localDescription.sdp
 
-    async def _negotiate(self, pc: RTCPeerConnection, call: Call, sdp: str) -> None:
+    async def _negotiate(self, pc: RTCPeerConnection, call: WebRtcLeg, sdp: str) -> None:
         try:
             await pc.setRemoteDescription(
                 RTCSessionDescription(sdp=with_explicit_directions(sdp), type="offer"))
@@ -181,57 +161,45 @@ class MediaAgent:
             call.track.use_inline_encoder(codec.mimeType)
         call.codec = codec.mimeType.split("/")[-1]
 
-    async def _forget(self, call: Call) -> None:
-        if self.calls.pop(call.id, None) is not None:
-            self.metrics.call_ended("webrtc", call.end_reason, media_counts(call))
-            log.info(
-                "call %s end reason=%s duration=%.1fs calls=%d",
-                call.id, call.end_reason, call.stats()["age_s"], len(self.calls),
-            )
+    def _leg_started(self, leg: Leg) -> None:
+        self.metrics.call_started(leg.transport)
+        log.info("%s start transport=%s plugin=%s legs=%d", leg.id, leg.transport,
+                 self.plugin.id, len(self.legs))
+
+    def _leg_ended(self, leg: Leg) -> None:
+        self.metrics.call_ended(leg.transport, leg.end_reason, leg.media_counts())
+        log.info("%s end reason=%s duration=%.1fs legs=%d", leg.id, leg.end_reason,
+                 leg.stats()["age_s"], len(self.legs))
 
     @contextlib.contextmanager
     def admit(self) -> Iterator[None]:
-        """Hold a call slot while a non-WebRTC session is set up (raises CallError when full)."""
+        """Hold a slot while a leg is set up (raises CallError when full or draining)."""
         self.check_capacity()
-        self._pending_calls += 1
-        try:
+        with self.legs.reserve():
             yield
-        finally:
-            self._pending_calls -= 1
-
-    def register_session(self, session: ManagedSession) -> None:
-        self.sessions[session.id] = session
-        self.metrics.call_started(transport_of(session))
-
-    def unregister_session(self, session: ManagedSession) -> None:
-        if self.sessions.get(session.id) is session:
-            del self.sessions[session.id]
-            self.metrics.call_ended(transport_of(session), getattr(session, "end_reason", None),
-                                    media_counts(session))
 
     async def hangup(self, call_id: str) -> bool:
-        call = self.calls.get(call_id)
-        if call is None:
+        leg = self.legs.get(call_id)
+        if leg is None:
             return False
-        await call.close("hangup")
+        await leg.close("hangup")
         return True
 
     def health(self) -> dict[str, Any]:
         return {
             "plugin": self.plugin.id,
-            "active_calls": len(self.calls) + len(self.sessions),
-            "other_sessions": len(self.sessions),
+            "active_calls": len(self.legs),
+            "legs": self.legs.count_by_transport(),
             "capacity": self.capacity,
             "ticker": self.ticker.counters.to_dict(),
-            "ticker_sessions": len(self.ticker.sessions),
+            "plugin_slots": len(self.ticker.sessions),
             "plugin_health": self.plugin.health(),
             # Flat between calls on a healthy server: a leak shows here first.
             "event_loop_tasks": len(asyncio.all_tasks()),
         }
 
     async def close(self) -> None:
-        await asyncio.gather(*(call.close("shutdown") for call in list(self.calls.values())),
-                             *(leg.close("shutdown") for leg in list(self.sessions.values())),
+        await asyncio.gather(*(leg.close("shutdown") for leg in self.legs),
                              return_exceptions=True)
         await self.ticker.close()
         await self.plugin.close()

@@ -10,7 +10,7 @@ one process (tests, benchmarks) don't collide. Two kinds of figures:
 from __future__ import annotations
 
 from collections import Counter as TallyCounter
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
@@ -29,15 +29,6 @@ if TYPE_CHECKING:
 STEP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.12, 0.2, 0.5)
 LATENESS_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 1.0)
 LOOP_LAG_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
-
-# Telephony legs name themselves with a `kind`; the metric label spells them as the issue does.
-TRANSPORT_OF_KIND = {"media_stream": "media-stream", "rtp": "rtp"}
-
-
-def transport_of(leg: Any) -> str:
-    kind = str(getattr(leg, "kind", "telephony"))
-    return TRANSPORT_OF_KIND.get(kind, kind)
-
 
 class AgentMetrics:
     def __init__(self, plugin_id: str) -> None:
@@ -87,22 +78,6 @@ class AgentMetrics:
         self.registry.register(_LiveState(agent, self))
 
 
-def media_counts(leg: Any) -> dict[str, int]:
-    """Outbound and playout counters of a live or ended call/leg (WebRTC or telephony)."""
-    track = getattr(leg, "track", None)
-    playout = getattr(leg, "playout", None)
-    counts = {
-        "packets": int(getattr(track, "chunks_sent", getattr(leg, "chunks_out", 0))),
-        "bytes": int(getattr(track, "bytes_sent", getattr(leg, "bytes_out", 0))),
-        "underruns": int(getattr(playout, "underrun_chunks", 0)),
-        "trimmed_samples": int(getattr(playout, "trimmed_samples", 0)),
-    }
-    inbound = getattr(getattr(leg, "ticked", None), "counters", None)
-    counts["fifo_trimmed_samples"] = int(getattr(inbound, "dropped_backlog_samples", 0)
-                                         + getattr(inbound, "dropped_overflow_samples", 0))
-    return counts
-
-
 def _upstream_families(upstreams: list[dict[str, Any]]) -> Iterator[Metric]:
     """A remote-engine plugin's pool (its `health()["upstreams"]`, URLs already redacted)."""
     open_sessions = GaugeMetricFamily("agent_upstream_open_sessions",
@@ -142,23 +117,15 @@ class _LiveState(Collector):
         if upstreams:
             yield from _upstream_families(upstreams)
 
-    def _legs(self) -> Iterable[tuple[str, Any]]:
-        for call in list(self.agent.calls.values()):
-            yield "webrtc", call
-        for leg in list(self.agent.sessions.values()):
-            yield transport_of(leg), leg
-
     def collect(self) -> Iterator[Metric]:
         plugin = self.metrics.plugin_id
         active = GaugeMetricFamily("agent_active_calls", "Live calls by transport and plugin.",
                                    labels=["transport", "plugin"])
-        per_transport: TallyCounter[str] = TallyCounter({t: 0 for t in
-                                                         ("webrtc", "media-stream", "rtp")})
+        per_transport = self.agent.legs.count_by_transport()
         totals = TallyCounter(self.metrics.ended_totals)
-        for transport, leg in self._legs():
-            per_transport[transport] += 1
-            for name, value in media_counts(leg).items():
-                totals[(transport, name)] += value
+        for leg in self.agent.legs:
+            for name, value in leg.media_counts().items():
+                totals[(leg.transport, name)] += value
         for transport, count in sorted(per_transport.items()):
             active.add_metric([transport, plugin], count)
         yield active

@@ -17,7 +17,8 @@ from aiohttp.web_runner import GracefulExit
 
 from agent import json_log
 from agent.cli_errors import exit_with_error
-from agent.media_agent import DEFAULT_CODECS, AgentSettings, MediaAgent
+from agent.media_agent import AgentSettings, MediaAgent
+from agent.rtc_tuning import AUDIO_CODECS
 from agent.call_settings import CallSettings
 from agent.errors import AgentError
 from agent.plugins.base import PluginOptions
@@ -115,7 +116,7 @@ def build_parser() -> argparse.ArgumentParser:
                        "(aiortc: 4; default 1; 0 releases each packet on arrival and leaves "
                        "jitter to the caller FIFO after decoding; raise it on links that "
                        "reorder packets)")
-    calls.add_argument("--codecs", default=",".join(DEFAULT_CODECS), type=_codec_list,
+    calls.add_argument("--codecs", default=",".join(AUDIO_CODECS), type=_codec_list,
                        help="accepted audio codecs in preference order (default opus,PCMU,PCMA)")
     calls.add_argument("--record-dir", default=None, metavar="DIR",
                        help="record every call to DIR: <call_id>.flac (caller left, agent "

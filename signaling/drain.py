@@ -44,7 +44,7 @@ class DrainController:
         return self.started_at is not None
 
     def live_calls(self) -> int:
-        return len(self.agent.calls) + len(self.agent.sessions)
+        return len(self.agent.legs)
 
     def start(self, why: str) -> None:
         """Begin draining (idempotent): admission stops before this returns."""
@@ -75,9 +75,7 @@ class DrainController:
 
     async def _end_remaining(self) -> None:
         message = "the server is restarting; please call again"
-        ends = [call.end_with_notice(DRAIN_REASON, message)
-                for call in list(self.agent.calls.values())]
-        ends += [leg.close(DRAIN_REASON) for leg in list(self.agent.sessions.values())]
+        ends = [leg.end_with_notice(DRAIN_REASON, message) for leg in self.agent.legs]
         if ends:
             log.info("drain deadline: ending %d call(s)", len(ends))
             await asyncio.gather(*ends, return_exceptions=True)

@@ -28,7 +28,7 @@ async def get_ready(request: web.Request) -> web.Response:
     if not agent.started:
         reasons.append("plugin_not_loaded")
     capacity = agent.capacity
-    if capacity and len(agent.calls) + len(agent.sessions) >= capacity:
+    if capacity and len(agent.legs) >= capacity:
         reasons.append("full")
     if reasons:
         return web.json_response({"status": "not_ready", "reasons": reasons}, status=503)
@@ -39,9 +39,7 @@ async def get_calls(request: web.Request) -> web.Response:
     """The caller's own calls and legs (an operator key: everyone's)."""
     agent = request.app[AGENT_KEY]
     resources, principal = request.app[RESOURCES_KEY], principal_of(request)
-    # Telephony legs (media-stream websockets, RTP) hold call slots too.
-    legs = [*agent.calls.values(), *agent.sessions.values()]
-    calls = [leg.stats() for leg in legs if resources.visible_to(principal, leg.id)]
+    calls = [leg.stats() for leg in agent.legs if resources.visible_to(principal, leg.id)]
     return web.json_response({"calls": calls})
 
 

@@ -9,6 +9,7 @@ someone else's call gets the same 404 as an unknown id, so ids cannot be probed.
 
 from __future__ import annotations
 
+import hashlib
 import secrets
 from dataclasses import dataclass
 from typing import Any
@@ -43,46 +44,46 @@ class CallResource:
 
 
 class CallResources:
-    """Which credential owns which live call or telephony leg, and each call's ETag. Every
-    route that reads, changes, ends or lists one asks here; another tenant's is a 404."""
+    """The HTTP view of the agent's leg registry: a leg's owner (kept on the leg, so the one
+    registry answers who may see it) and its ETag. Every route that reads, changes, ends or
+    lists a call or leg asks here; another tenant's is a 404, so ids cannot be probed."""
 
     def __init__(self, agent: MediaAgent) -> None:
         self.agent = agent
-        self._resources: dict[str, CallResource] = {}
 
     def add(self, call_id: str, owner: Principal) -> CallResource:
-        self.prune()
-        resource = CallResource(call_id, f'"{secrets.token_urlsafe(12)}"', owner)
-        self._resources[call_id] = resource
-        return resource
-
-    def _live(self, call_id: str) -> bool:
-        return call_id in self.agent.calls or call_id in self.agent.sessions
-
-    def prune(self) -> None:
-        for call_id in [c for c in self._resources if not self._live(c)]:
-            del self._resources[call_id]
+        leg = self.agent.legs.get(call_id)
+        if leg is None:
+            raise ApiError("call_not_found", "the call ended during setup", status=404)
+        leg.owner = owner
+        return CallResource(call_id, etag_of(call_id), owner)
 
     def visible_to(self, principal: Principal, call_id: str) -> bool:
-        resource = self._resources.get(call_id)
-        owner = resource.owner if resource is not None else None
-        return principal.operator or (owner is not None and principal.may_manage(owner)) or (
-            owner is None and principal.kind == "open")
+        leg = self.agent.legs.get(call_id)
+        owner = leg.owner if leg is not None else None
+        if principal.operator:
+            return True
+        if isinstance(owner, Principal):
+            return principal.may_manage(owner)
+        return owner is None and principal.kind == "open"
 
     def lookup(self, call_id: str, principal: Principal) -> CallResource:
-        resource = self._resources.get(call_id)
-        if resource is None or not self._live(call_id):
-            self._resources.pop(call_id, None)
+        leg = self.agent.legs.get(call_id)
+        owner = leg.owner if leg is not None else None
+        if not isinstance(owner, Principal) or not principal.may_manage(owner):
             raise ApiError("call_not_found", "no such call", param="call_id", status=404)
-        if not principal.may_manage(resource.owner):
-            raise ApiError("call_not_found", "no such call", param="call_id", status=404)
-        return resource
+        return CallResource(call_id, etag_of(call_id), owner)
 
     def __len__(self) -> int:
-        self.prune()
-        return len(self._resources)
+        return sum(1 for leg in self.agent.legs if leg.owner is not None)
 
 
+def etag_of(call_id: str) -> str:
+    """A call's ETag: stable for its life, and not guessable from anything else public."""
+    return '"' + hashlib.blake2s(call_id.encode(), key=ETAG_KEY, digest_size=9).hexdigest() + '"'
+
+
+ETAG_KEY = secrets.token_bytes(16)
 RESOURCES_KEY = web.AppKey("call_resources", CallResources)
 
 

@@ -143,7 +143,7 @@ def _rtp_leg(request: web.Request) -> RtpLeg:
         request.app[RESOURCES_KEY].lookup(call_id, principal_of(request))
     except ApiError:
         raise ApiError("not_found", "no such RTP leg", status=404) from None
-    leg = request.app[AGENT_KEY].sessions.get(call_id)
+    leg = request.app[AGENT_KEY].legs.get(call_id, "rtp")
     if not isinstance(leg, RtpLeg):
         raise ApiError("not_found", "no such RTP leg", status=404)
     return leg

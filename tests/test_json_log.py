@@ -7,7 +7,7 @@ import json
 import logging
 import sys
 
-from agent.call import new_call_id
+from agent.webrtc_leg import new_call_id
 from agent.json_log import JsonFormatter
 from agent.testing.peer import run_call
 from agent.task_owner import TaskOwner

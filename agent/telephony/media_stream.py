@@ -59,6 +59,7 @@ class ProtocolError(AgentError):
 
 class MediaStreamSession(TelephonyLeg):
     kind = "media_stream"
+    transport = "media-stream"
 
     def __init__(self, agent: MediaAgent, send_text: SendText, close_socket: CloseSocket,
                  settings: CallSettings | None = None) -> None:
@@ -126,7 +127,7 @@ class MediaStreamSession(TelephonyLeg):
         self.codec = codec
         try:
             session_config = session_config_from_parameters(parameters)
-            await self.open_session(session_config)
+            await self.open_plugin_slot(session_config)
         except AgentError as exc:
             # Without a session the stream cannot do anything: say why, then hang up.
             log.warning("media stream %s: start refused: %s: %s", self.id, exc.code,
@@ -196,8 +197,9 @@ class MediaStreamSession(TelephonyLeg):
                 "event": "mark", "streamSid": self.stream_sid, "mark": {"name": name},
             }))
 
-    def report_error(self, event: dict[str, Any]) -> None:
-        super().report_error(event)
+    def deliver(self, event: dict[str, Any]) -> None:
+        if event.get("type") != "error":
+            return  # the protocol has a message for errors only
         error = event.get("error", {})
         self.spawn(self._send_error(error.get("code", "error"), error.get("message", "")),
                    "error")
@@ -211,7 +213,7 @@ class MediaStreamSession(TelephonyLeg):
         except (ConnectionError, RuntimeError) as exc:
             log.debug("media stream %s: error not sent: %r", self.id, exc)
 
-    async def close_transport(self, reason: str) -> None:
+    async def close_socket(self, reason: str) -> None:
         await self._close_socket(1000, reason[:100])
 
     def stats(self) -> dict[str, Any]:

@@ -20,7 +20,6 @@ import ipaddress
 import logging
 import random
 import secrets
-import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -135,13 +134,14 @@ class _RtpProtocol(asyncio.DatagramProtocol):
 
 class RtpLeg(TelephonyLeg):
     kind = "rtp"
+    transport = "rtp"
 
     def __init__(self, agent: MediaAgent, codec: NarrowbandCodec,
-                 transport: asyncio.DatagramTransport, local: Address, remote: Address | None,
+                 socket: asyncio.DatagramTransport, local: Address, remote: Address | None,
                  rtp: RtpSettings, settings: CallSettings | None = None,
                  dtmf_payload_type: int | None = DEFAULT_DTMF_PAYLOAD_TYPE) -> None:
         super().__init__(agent, codec, settings)
-        self.transport = transport
+        self.socket = socket
         self.local = local
         self.remote = remote
         self.latching = remote is None
@@ -205,9 +205,8 @@ class RtpLeg(TelephonyLeg):
             if self.remote_ssrc is not None:
                 self.inbound.reset()
             self.remote_ssrc = packet.ssrc
-        self.last_inbound_at = time.monotonic()
-        if self.media_started_at is None:
-            self.media_started_at = self.last_inbound_at
+        self.heard_caller()
+        self.mark_media_started()
         self.inbound.note_packet_samples(self.codec.samples_in(packet.payload))
         self.jitter.push(packet.sequence_number, packet.payload)
 
@@ -261,14 +260,14 @@ class RtpLeg(TelephonyLeg):
         self._first_packet = False
         self._sequence = (self._sequence + 1) & 0xFFFF
         self._timestamp = (self._timestamp + self.codec.samples_per_chunk) & 0xFFFFFFFF
-        self.transport.sendto(packet.serialize(), self.remote)
+        self.socket.sendto(packet.serialize(), self.remote)
         self.packets_sent += 1
 
     def _ms(self, samples: int | None) -> float | None:
         return None if samples is None else round(1000 * samples / self.codec.sample_rate, 3)
 
-    async def close_transport(self, reason: str) -> None:
-        self.transport.close()
+    async def close_socket(self, reason: str) -> None:
+        self.socket.close()
 
     def stats(self) -> dict[str, Any]:
         return {
@@ -330,7 +329,7 @@ async def open_rtp_leg(agent: MediaAgent, remote: Address | None, codec: Narrowb
                      dtmf_payload_type=dtmf_payload_type)
     protocol.leg = leg
     try:
-        await leg.open_session(session)
+        await leg.open_plugin_slot(session)
     except BaseException:
         await leg.close("setup_failed")
         raise

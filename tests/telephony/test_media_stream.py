@@ -194,7 +194,7 @@ async def test_stream_echoes_paced_mulaw_through_malformed_messages_and_dtmf(
     assert [e["event"] for e in session.events
             if e["type"] == "input_audio_buffer.dtmf_event_received"] == ["7", "#"]
     assert plugin.digits == ["7", "#"]
-    assert health["active_calls"] == 1 and health["other_sessions"] == 1
+    assert health["active_calls"] == 1 and health["legs"]["media-stream"] == 1
     assert [(c["kind"], c["stream_sid"]) for c in listed] == [("media_stream", bridge.stream_sid)]
     await wait_until(lambda: not running.agent.sessions and not running.agent.ticker.sessions)
     assert session.end_reason == "stop"

@@ -1,0 +1,297 @@
+"""One conversation's lifecycle, whatever carries its audio.
+
+A leg holds a plugin slot (its seat at the ticker), a playout buffer, a watchdog, the
+recording, the session events and a teardown that always completes. Transports are small
+subclasses that feed caller audio in (`push_caller_audio`) and take paced agent audio out of
+`playout`: WebRTC (webrtc_leg.py), the media-stream websocket and plain RTP (telephony/).
+
+Follow one frame: the transport's decoded caller audio → `FrameAssembler` (resample to the
+plugin's rate) → `TickedSession.push` → the ticker's batched `plugin.step` → `on_output` →
+`PlayoutBuffer` → the transport's 20 ms pacer → the wire.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+from collections.abc import Awaitable, Iterable
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import numpy as np
+
+from .call_settings import CallSettings
+from .errors import AgentError
+from .events import error_event, error_event_from
+from .framing import FrameAssembler
+from .playout import PlayoutBuffer
+from .plugins.base import Plugin, RuntimeConfig, SessionConfig, StepOutput
+from .recording import CallRecorder, recorder_for, take_record_option
+from .task_owner import TaskOwner
+from .ticker import TickedSession, Ticker
+
+if TYPE_CHECKING:
+    from .leg_registry import LegRegistry
+
+log = logging.getLogger(__name__)
+
+RECENT_EVENTS = 64
+WATCHDOG_INTERVAL = 0.25
+NOTICE_SECONDS = 0.2  # time for a last event to leave before the transport closes
+
+
+class Leg:
+    transport: ClassVar[str] = "leg"  # the metrics label: webrtc, media-stream, rtp
+
+    def __init__(self, leg_id: str, plugin: Plugin, ticker: Ticker, settings: CallSettings,
+                 registry: LegRegistry) -> None:
+        self.id = leg_id
+        self.plugin = plugin
+        self.ticker = ticker
+        self.settings = settings
+        self.registry = registry
+        self.capabilities = plugin.capabilities()
+        rate = self.capabilities.sample_rate
+        self.playout = PlayoutBuffer(int(rate * settings.playout_capacity_seconds))
+        # No re-chunking: the ticker cuts its frames from whatever arrived, so a packet is
+        # not held back until the resampler's filter delay is filled by the next one.
+        self.assembler = FrameAssembler(rate, None, self.capabilities.channels)
+        self.ticked: TickedSession | None = None
+        self.session_config = SessionConfig()
+        self.recorder: CallRecorder | None = None
+        # Set by signaling: the credential that may read, change and end this leg.
+        self.owner: object | None = None
+        # Recent session events (errors, DTMF, transcripts), for stats and observers.
+        self.events: deque[dict[str, Any]] = deque(maxlen=RECENT_EVENTS)
+        self.started_at = time.monotonic()
+        self.media_started_at: float | None = None  # connected / first caller audio
+        self.last_inbound_at: float | None = None
+        self.end_reason: str | None = None
+        self.queued_samples = 0  # agent samples ever put in the playout buffer
+        self.closed = asyncio.Event()
+        self.tasks = TaskOwner(leg_id)
+        self._closing = False
+        self._close_task: asyncio.Task[None] | None = None
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    def spawn(self, coro: Awaitable[Any], name: str) -> asyncio.Task[Any]:
+        """Start a task this leg owns: it is cancelled when the leg closes."""
+        return self.tasks.spawn(coro, name)
+
+    async def open_plugin_slot(self, session_config: SessionConfig) -> RuntimeConfig:
+        """Validate the config with the plugin and take a ticker seat (AgentError if refused);
+        start the recording unless the server does not record or the caller opted out."""
+        session_config, record_allowed = take_record_option(session_config)
+        runtime_config = await self.plugin.prepare_runtime_config(session_config)
+        try:
+            if self._closing:
+                raise AgentError("session_closed", "the session ended during setup")
+            ticked = await self.ticker.open_session(
+                runtime_config, self.on_output, self.on_plugin_error
+            )
+        except BaseException:
+            self.plugin.discard_runtime_config(runtime_config)
+            raise
+        if self._closing:  # closed while the seat was being made
+            await self.ticker.close_session(ticked)
+            raise AgentError("session_closed", "the session ended during setup")
+        self.ticked = ticked
+        self.session_config = session_config
+        self.recorder = recorder_for(self.settings.record_dir, record_allowed, self.id,
+                                     self.capabilities.sample_rate)
+        if self.recorder is not None:
+            ticked.tap = self.recorder.add_tick
+        return runtime_config
+
+    def mark_media_started(self) -> None:
+        """The transport is up (WebRTC connected, or the first caller audio arrived)."""
+        if self.media_started_at is None:
+            self.media_started_at = time.monotonic()
+
+    def start_watchdog(self) -> None:
+        self.spawn(self._watchdog(), "watchdog")
+
+    async def _watchdog(self) -> None:
+        settings = self.settings
+        while True:
+            await asyncio.sleep(WATCHDOG_INTERVAL)
+            now = time.monotonic()
+            if self.media_started_at is None:
+                if now - self.started_at > settings.connect_timeout:
+                    await self.close("connect_timeout")
+                    return
+                continue
+            if now - (self.last_inbound_at or self.media_started_at) > settings.idle_timeout:
+                await self.close("idle_timeout")
+                return
+            limit = settings.max_call_seconds
+            if limit and now - self.media_started_at > limit:
+                await self.on_time_limit(limit)
+                return
+
+    async def on_time_limit(self, limit: float) -> None:
+        await self.close("max_call_seconds")
+
+    async def end_with_notice(self, reason: str, message: str) -> None:
+        """End the leg, first telling the caller why where its transport can (see
+        `notify_ending`)."""
+        if self._closing:
+            return
+        if self.notify_ending(reason, message):
+            await asyncio.sleep(NOTICE_SECONDS)
+        await self.close(reason)
+
+    def notify_ending(self, reason: str, message: str) -> bool:
+        """Tell the caller the leg is about to end; True if something was sent."""
+        return False
+
+    @property
+    def closing(self) -> bool:
+        return self._closing
+
+    async def close(self, reason: str = "hangup") -> None:
+        """End the leg (idempotent). The teardown runs in its own task, so a caller that is
+        cancelled meanwhile (an HTTP or websocket handler, one of the leg's own tasks) cannot
+        cut it short."""
+        if self._close_task is None:
+            self._closing = True
+            self.end_reason = reason
+            self._close_task = asyncio.ensure_future(self._teardown(reason))
+        await asyncio.shield(self._close_task)
+
+    async def _teardown(self, reason: str) -> None:
+        self.tasks.cancel_all()
+        try:
+            if self.ticked is not None:
+                await self.ticker.close_session(self.ticked)
+        except Exception:
+            # A plugin failing here must not leave the leg registered with its transport open.
+            log.exception("%s: closing the plugin session failed", self.id)
+        if self.recorder is not None:
+            await self.recorder.close()
+        try:
+            await self.close_transport(reason)
+        except Exception as exc:
+            log.warning("%s: closing the transport: %r", self.id, exc)
+        self.assembler.close()
+        self.closed.set()
+        self.registry.discard(self)
+
+    async def close_transport(self, reason: str) -> None:
+        """Release the transport's sockets and codecs; transports override."""
+
+    # -- media ------------------------------------------------------------------------------
+
+    def heard_caller(self) -> None:
+        """Caller audio arrived (the idle watchdog's clock)."""
+        self.last_inbound_at = time.monotonic()
+
+    def push_caller_audio(self, frames: Iterable[np.ndarray]) -> None:
+        """Caller audio at the plugin's rate (from `assembler`) into the plugin slot."""
+        if self.ticked is None:
+            return
+        for frame in frames:
+            self.ticked.push(frame)
+
+    def on_output(self, output: StepOutput) -> None:
+        """One step's answer (ticker, event loop)."""
+        if output.error is not None:
+            self.emit(error_event_from(output.error))
+        reason = output.end_reason
+        if reason is not None and not self._closing:
+            self.spawn(self._end_after_events(reason), "plugin-end")
+        audio = output.mono_audio()
+        self.playout.push(audio)
+        self.queued_samples += len(audio)
+        self.after_output(output, audio)
+
+    async def _end_after_events(self, reason: str) -> None:
+        await asyncio.sleep(NOTICE_SECONDS)  # let the error event leave first
+        await self.close(reason)
+
+    def after_output(self, output: StepOutput, audio: np.ndarray) -> None:
+        """A transport's or protocol's look at each step's answer (transcripts, speech)."""
+
+    def on_plugin_error(self, exc: Exception) -> None:
+        if isinstance(exc, AgentError):
+            self.emit(error_event_from(exc))
+        else:
+            self.emit(
+                error_event("plugin_error", "the model failed to step", error_type="server_error")
+            )
+
+    # -- events -----------------------------------------------------------------------------
+
+    def emit(self, event: dict[str, Any]) -> None:
+        """A session event for the caller: kept, recorded, and delivered by the transport."""
+        self.events.append(event)
+        if self.recorder is not None:
+            self.recorder.add_event(event)
+        self.deliver(event)
+
+    def deliver(self, event: dict[str, Any]) -> None:
+        """Send an event where the transport's protocol has a place for it."""
+
+    # -- control ----------------------------------------------------------------------------
+
+    async def update_config(self, update: SessionConfig) -> None:
+        """Apply a caller's session update to the live plugin slot (AgentError if refused)."""
+        # Recording is chosen when the leg starts; a later `record` is not the plugin's.
+        update, _ = take_record_option(update)
+        if self.ticked is None:
+            raise AgentError("session_not_ready", "the session is not open yet")
+        new_config = self.plugin.runtime_config_for_update(self.ticked.config, update)
+        await self.ticker.update_session(self.ticked, new_config)
+        self.session_config = self.session_config.merged(update)
+
+    async def restart(self) -> int:
+        """Barge-in: drop queued agent audio and restart the model from its prompt. Returns
+        the agent samples dropped."""
+        dropped = self.playout.clear()
+        if self.ticked is not None:
+            await self.ticker.restart_session(self.ticked)
+        return dropped
+
+    async def dtmf(self, digit: str) -> None:
+        """A keypad digit from the caller, for the plugin (between steps)."""
+        if self.ticked is not None:
+            await self.ticker.send_dtmf(self.ticked, digit)
+
+    # -- reporting --------------------------------------------------------------------------
+
+    def media_counts(self) -> dict[str, int]:
+        """Outbound and playout counters for the metrics (live or ended)."""
+        inbound = self.ticked.counters if self.ticked is not None else None
+        packets, payload_bytes = self.outbound_counts()
+        return {
+            "packets": packets,
+            "bytes": payload_bytes,
+            "underruns": self.playout.underrun_chunks,
+            "trimmed_samples": self.playout.trimmed_samples,
+            "fifo_trimmed_samples": (inbound.dropped_backlog_samples
+                                     + inbound.dropped_overflow_samples) if inbound else 0,
+        }
+
+    def outbound_counts(self) -> tuple[int, int]:
+        """(20 ms packets sent, encoded payload bytes sent); transports override."""
+        return 0, 0
+
+    def playout_stats(self, reanchors: int) -> dict[str, Any]:
+        rate = self.capabilities.sample_rate
+        return {
+            "buffered_ms": round(self.playout.buffered_samples / rate * 1000, 1),
+            "dropped_samples": self.playout.dropped_samples,
+            "underrun_chunks": self.playout.underrun_chunks,
+            "reanchors": reanchors,
+            "trimmed_ms": round(self.playout.trimmed_samples / rate * 1000, 1),
+        }
+
+    def stats(self) -> dict[str, Any]:
+        return {
+            "call_id": self.id,
+            "plugin": self.plugin.id,
+            "age_s": round(time.monotonic() - self.started_at, 3),
+            "inbound": self.ticked.counters.to_dict() if self.ticked else None,
+        }

@@ -1,0 +1,143 @@
+"""The WebRTC transport: a peer connection feeding a leg, and a paced track taking its audio.
+
+Follow one frame: the remote track's decoded audio → `Leg.assembler` (resample to the
+plugin's rate) → the plugin slot → the ticker's batched step → `Leg.on_output` →
+`PlayoutBuffer` → `AgentAudioTrack.recv` (paced 20 ms) → the peer. Session events travel
+on the `oai-events` data channel (realtime_protocol.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from aiortc import RTCDataChannel, RTCPeerConnection
+from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
+
+from .call_settings import CallSettings
+from .events import error_event
+from .leg import Leg
+from .outbound import AgentAudioTrack
+from .plugins.base import Plugin, StepOutput
+from .realtime_protocol import RealtimeProtocol
+from .rtc_tuning import InlineAudioDecoding
+from .ticker import Ticker
+
+if TYPE_CHECKING:
+    from .leg_registry import LegRegistry
+
+log = logging.getLogger(__name__)
+
+PC_CLOSE_TIMEOUT = 5.0
+
+
+def new_call_id() -> str:
+    return "call_" + secrets.token_urlsafe(18)
+
+
+class WebRtcLeg(Leg):
+    transport = "webrtc"
+
+    def __init__(self, call_id: str, pc: RTCPeerConnection, plugin: Plugin, ticker: Ticker,
+                 settings: CallSettings, registry: LegRegistry) -> None:
+        super().__init__(call_id, plugin, ticker, settings, registry)
+        self.pc = pc
+        self.track = AgentAudioTrack(self.playout, self.capabilities.sample_rate)
+        self.realtime = RealtimeProtocol(self)
+        self.inbound_decoding: InlineAudioDecoding | None = None  # None: aiortc decodes
+        self.codec: str | None = None
+        pc.on("track", self.on_remote_track)
+        pc.on("datachannel", self.attach_channel)
+        pc.on("connectionstatechange", self.on_connection_state)
+
+    @property
+    def connected_at(self) -> float | None:
+        return self.media_started_at
+
+    # -- the peer connection ----------------------------------------------------------------
+
+    def on_connection_state(self) -> None:
+        state = self.pc.connectionState
+        if state == "connected":
+            self.mark_media_started()
+        elif state in ("failed", "closed"):
+            self.spawn(self.close(f"connection_{state}"), "close")
+
+    def attach_channel(self, channel: RTCDataChannel) -> None:
+        channel.on("message", self.realtime.inbox.offer)
+        channel.on("close", self.realtime.detach)
+        self.realtime.attach(channel.send)
+
+    async def close_transport(self, reason: str) -> None:
+        self.track.stop()
+        try:
+            # pc.close() can hang on a dead transport; never let it pin the leg.
+            await asyncio.wait_for(self.pc.close(), timeout=PC_CLOSE_TIMEOUT)
+        except (asyncio.TimeoutError, Exception) as exc:
+            log.warning("call %s: peer connection close: %r", self.id, exc)
+        self.realtime.detach()
+
+    # -- media ------------------------------------------------------------------------------
+
+    def on_remote_track(self, track: MediaStreamTrack) -> None:
+        if track.kind == "audio":
+            self.spawn(self._read_inbound(track), "inbound")
+        else:
+            self.spawn(self._drain(track), "drain")
+
+    async def _read_inbound(self, track: MediaStreamTrack) -> None:
+        while True:
+            try:
+                frame = await track.recv()
+            except MediaStreamError:
+                return
+            self.heard_caller()
+            if self.ticked is not None:
+                self.push_caller_audio(self.assembler.push(frame))
+
+    async def _drain(self, track: MediaStreamTrack) -> None:
+        # An unread track fills an unbounded queue inside aiortc.
+        while True:
+            try:
+                await track.recv()
+            except MediaStreamError:
+                return
+
+    # -- events -----------------------------------------------------------------------------
+
+    def after_output(self, output: StepOutput, audio: np.ndarray) -> None:
+        self.realtime.on_output(output, audio)
+
+    def deliver(self, event: dict[str, Any]) -> None:
+        self.realtime.channel.send(event)
+
+    def notify_ending(self, reason: str, message: str) -> bool:
+        self.realtime.notify_ending(reason, message)
+        return True
+
+    async def on_time_limit(self, limit: float) -> None:
+        # OpenAI's own clients recognise this error code as the session's hard end.
+        self.emit(error_event("session_expired",
+                              f"the call hit its maximum duration of {limit:g} s"))
+        await self.end_with_notice("max_call_seconds", f"calls are limited to {limit:g} s")
+
+    def describe_session(self) -> dict[str, Any]:
+        return self.realtime.describe_session()
+
+    # -- reporting --------------------------------------------------------------------------
+
+    def outbound_counts(self) -> tuple[int, int]:
+        return self.track.chunks_sent, self.track.bytes_sent
+
+    def stats(self) -> dict[str, Any]:
+        return {
+            **super().stats(),
+            "connection_state": self.pc.connectionState,
+            "decode_errors": (self.inbound_decoding.decode_errors
+                              if self.inbound_decoding is not None else None),
+            "playout": self.playout_stats(self.track.pacer.reanchors),
+            "plugin_session": self.ticked.plugin_session.stats() if self.ticked else None,
+        }
