@@ -17,6 +17,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Awaitable, Iterable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
@@ -39,6 +40,24 @@ log = logging.getLogger(__name__)
 RECENT_EVENTS = 64
 WATCHDOG_INTERVAL = 0.25
 NOTICE_SECONDS = 0.2  # time for a last event to leave before the transport closes
+
+
+@dataclass(frozen=True)
+class PreparedConfig:
+    """What the caller asked for, validated by the plugin, before a leg takes its seat."""
+
+    session_config: SessionConfig
+    runtime_config: RuntimeConfig
+    record_allowed: bool
+
+
+async def prepare_config(plugin: Plugin, session_config: SessionConfig) -> PreparedConfig:
+    """Validate a caller's config with the plugin (AgentError if refused). The plugin may
+    reserve resources for it (a remote engine's session): hand the result to
+    `Leg.open_plugin_slot`, or back with `plugin.discard_runtime_config`."""
+    session_config, record_allowed = take_record_option(session_config)
+    runtime_config = await plugin.prepare_runtime_config(session_config)
+    return PreparedConfig(session_config, runtime_config, record_allowed)
 
 
 class Leg:
@@ -80,30 +99,28 @@ class Leg:
         """Start a task this leg owns: it is cancelled when the leg closes."""
         return self.tasks.spawn(coro, name)
 
-    async def open_plugin_slot(self, session_config: SessionConfig) -> RuntimeConfig:
-        """Validate the config with the plugin and take a ticker seat (AgentError if refused);
-        start the recording unless the server does not record or the caller opted out."""
-        session_config, record_allowed = take_record_option(session_config)
-        runtime_config = await self.plugin.prepare_runtime_config(session_config)
+    async def open_plugin_slot(self, prepared: PreparedConfig) -> None:
+        """Take a ticker seat for a prepared config (AgentError if refused; the config is
+        given back to the plugin then); start the recording unless the server does not record
+        or the caller opted out."""
         try:
             if self._closing:
                 raise AgentError("session_closed", "the session ended during setup")
             ticked = await self.ticker.open_session(
-                runtime_config, self.on_output, self.on_plugin_error
+                prepared.runtime_config, self.on_output, self.on_plugin_error
             )
         except BaseException:
-            self.plugin.discard_runtime_config(runtime_config)
+            self.plugin.discard_runtime_config(prepared.runtime_config)
             raise
         if self._closing:  # closed while the seat was being made
             await self.ticker.close_session(ticked)
             raise AgentError("session_closed", "the session ended during setup")
         self.ticked = ticked
-        self.session_config = session_config
-        self.recorder = recorder_for(self.settings.record_dir, record_allowed, self.id,
+        self.session_config = prepared.session_config
+        self.recorder = recorder_for(self.settings.record_dir, prepared.record_allowed, self.id,
                                      self.capabilities.sample_rate)
         if self.recorder is not None:
             ticked.tap = self.recorder.add_tick
-        return runtime_config
 
     def mark_media_started(self) -> None:
         """The transport is up (WebRTC connected, or the first caller audio arrived)."""

@@ -14,7 +14,7 @@ from aiortc import RTCConfiguration, RTCIceServer, RTCPeerConnection, RTCSession
 
 from .call_settings import CallSettings
 from .errors import CallError
-from .leg import Leg
+from .leg import Leg, prepare_config
 from .leg_registry import LegRegistry
 from .plugins.base import Plugin, PluginError, SessionConfig
 from .rtc_tuning import (
@@ -111,12 +111,18 @@ class MediaAgent:
             return await self._create_call(sdp, session or SessionConfig())
 
     async def _create_call(self, sdp: str, session: SessionConfig) -> tuple[WebRtcLeg, str]:
+        # The plugin sees the config first: a refused voice costs no peer connection.
+        prepared = await prepare_config(self.plugin, session)
         pc = RTCPeerConnection(RTCConfiguration(iceServers=list(self.settings.ice_servers)))
         call = WebRtcLeg(new_call_id(), pc, self.plugin, self.ticker, self.settings.call,
                          self.legs)
         try:
-            await self._negotiate(pc, call, sdp)
-            await call.open_plugin_slot(session)
+            try:
+                await self._negotiate(pc, call, sdp)
+            except BaseException:
+                self.plugin.discard_runtime_config(prepared.runtime_config)
+                raise
+            await call.open_plugin_slot(prepared)
             answer = await pc.createAnswer()
             await pc.setLocalDescription(answer)
         except BaseException:

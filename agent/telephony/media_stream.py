@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 from .. import client_json
 from ..errors import AgentError
 from ..log_safe import printable
+from ..leg import prepare_config
 from ..plugins.base import SessionConfig
 from .codec import PCMA, PCMU, NarrowbandCodec
 from .leg import DTMF_BURST, DTMF_DIGITS, DTMF_RATE, TelephonyLeg
@@ -127,7 +128,7 @@ class MediaStreamSession(TelephonyLeg):
         self.codec = codec
         try:
             session_config = session_config_from_parameters(parameters)
-            await self.open_plugin_slot(session_config)
+            await self.open_plugin_slot(await prepare_config(self.plugin, session_config))
         except AgentError as exc:
             # Without a session the stream cannot do anything: say why, then hang up.
             log.warning("media stream %s: start refused: %s: %s", self.id, exc.code,

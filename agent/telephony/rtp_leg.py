@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 from aiortc.rtp import RtpPacket
 
 from ..errors import CallError
+from ..leg import prepare_config
 from ..plugins.base import SessionConfig
 from .address_policy import DEFAULT_ALLOWED_NETWORKS, IPNetwork, refusal_for
 from .codec import NarrowbandCodec, codec_by_name, CODECS
@@ -329,7 +330,7 @@ async def open_rtp_leg(agent: MediaAgent, remote: Address | None, codec: Narrowb
                      dtmf_payload_type=dtmf_payload_type)
     protocol.leg = leg
     try:
-        await leg.open_plugin_slot(session)
+        await leg.open_plugin_slot(await prepare_config(leg.plugin, session))
     except BaseException:
         await leg.close("setup_failed")
         raise
