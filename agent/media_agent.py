@@ -169,12 +169,12 @@ class MediaAgent:
 
     def _leg_started(self, leg: Leg) -> None:
         self.metrics.call_started(leg.transport)
-        log.info("%s start transport=%s plugin=%s legs=%d", leg.id, leg.transport,
-                 self.plugin.id, len(self.legs))
+        log.info("call %s start plugin=%s transport=%s calls=%d", leg.id, self.plugin.id,
+                 leg.transport, len(self.legs))
 
     def _leg_ended(self, leg: Leg) -> None:
         self.metrics.call_ended(leg.transport, leg.end_reason, leg.media_counts())
-        log.info("%s end reason=%s duration=%.1fs legs=%d", leg.id, leg.end_reason,
+        log.info("call %s end reason=%s duration=%.1fs calls=%d", leg.id, leg.end_reason,
                  leg.stats()["age_s"], len(self.legs))
 
     @contextlib.contextmanager

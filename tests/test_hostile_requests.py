@@ -306,7 +306,7 @@ async def test_data_channel_flood_is_rate_limited(start_agent: AgentFactory,
     assert len(errors) <= 1 + elapsed  # refusals are reported at most once a second
     # Every event was either handled (its `cleared` reached the client) or refused.
     call = running.agent.calls[flooder.call_id]
-    await wait_until(lambda: call.client_events.refused + sum(
+    await wait_until(lambda: call.realtime.inbox.refused + sum(
         e["type"] == "output_audio_buffer.cleared" for e in flooder.events[mark:]) == 500)
     # The flooder's call goes on and takes events again once the burst is refilled.
     mark = await flooder.send_event({"type": "session.update",
