@@ -27,6 +27,7 @@ from agent.redact import RedactingFilter
 from agent.rtc_tuning import limit_host_addresses, parse_codec_list
 
 from . import auth, cors, drain, ice, slow_clients, telephony
+from .plugin_flags import PluginFlagsParser, plugin_extra
 from .app import create_app
 
 log = logging.getLogger("signaling")
@@ -61,9 +62,10 @@ class DefaultsShown(argparse.HelpFormatter):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = PluginFlagsParser(
         prog="python -m signaling",
-        description="WebRTC realtime media agent for full-duplex speech models.",
+        description="WebRTC realtime media agent for full-duplex speech models. Each plugin "
+        "adds its own options: see `--plugin ID --help`.",
         formatter_class=DefaultsShown,
     )
     parser.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
@@ -77,29 +79,9 @@ def build_parser() -> argparse.ArgumentParser:
     model.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda")
     model.add_argument("--dtype", default=None, help="float32 or bfloat16 (default by device)")
     model.add_argument("--voice", default=None, help="default voice, e.g. NATF2.pt")
-    model.add_argument("--sampling", choices=("greedy", "reference"), default="greedy",
-                       help="personaplex/moshi token choice when a call does not set "
-                       "extra_body.sampling: greedy (argmax), or reference = NVIDIA's server "
-                       "defaults (sampling, temperature 0.8/0.7, top-k 250/25)")
-    model.add_argument("--prompt-cache-size", type=int, default=None, metavar="N",
-                       help="personaplex/moshi: prompt snapshots (voice, persona) kept ready "
-                       "(default 32)")
     model.add_argument("--upstream", action="append", default=[],
                        help="remote engine URL (repeatable; vllm-omni, moshi-server)")
     model.add_argument("--model", default=None, help="model name to ask a remote engine for")
-    model.add_argument("--upstream-capacity", type=int, default=None, metavar="CALLS",
-                       help="concurrent calls per --upstream (default: vllm-omni unlimited, "
-                       "moshi-server 1)")
-    model.add_argument("--upstream-handshake-timeout", type=float, default=20.0, metavar="S",
-                       help="seconds a remote engine may take to accept a session (default 20; "
-                       "a Moshi server prefills its prompt first)")
-    model.add_argument("--upstream-kind", choices=("personaplex", "kyutai"), default="personaplex",
-                       help="moshi-server: which reference server the --upstream URLs are. "
-                       "personaplex (NVIDIA's) always gets a voice and a persona (the caller's, "
-                       "else the defaults); kyutai's server has no persona, so none is sent")
-    model.add_argument("--upstream-stall-timeout", type=float, default=5.0, metavar="S",
-                       help="seconds without a message from a remote engine before the call "
-                       "gets an error (default 5)")
     calls = parser.add_argument_group("calls")
     calls.add_argument("--max-sessions", type=int, default=None,
                        help="concurrent calls admitted, all transports together (default: "
@@ -182,12 +164,7 @@ def plugin_options_from_args(args: argparse.Namespace) -> PluginOptions:
         model_dir=args.model_dir, device=args.device, dtype=args.dtype,
         max_sessions=args.max_sessions or 0, voice=args.voice,
         upstreams=tuple(args.upstream), model=args.model,
-        extra={"upstream_capacity": args.upstream_capacity,
-               "upstream_handshake_timeout": args.upstream_handshake_timeout,
-               "upstream_stall_timeout": args.upstream_stall_timeout,
-               "upstream_kind": args.upstream_kind,
-               "sampling": args.sampling,
-               "prompt_cache_size": args.prompt_cache_size},
+        extra=plugin_extra(args),
     )
 
 

@@ -14,7 +14,7 @@ concurrently with each other, so a plugin can keep per-slot model state without 
 from __future__ import annotations
 
 import abc
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -163,6 +163,24 @@ class PluginSession:
 
 
 @dataclass(frozen=True)
+class PluginFlag:
+    """A command-line flag a plugin declares for itself (`Plugin.flags`). Its value reaches
+    `from_options` in `PluginOptions.extra[flag.dest]`, so a third-party plugin gets flags
+    without editing signaling/."""
+
+    name: str  # "--sampling"
+    help: str
+    default: Any = None
+    type: Callable[[str], Any] | None = None
+    choices: tuple[str, ...] | None = None
+    metavar: str | None = None
+
+    @property
+    def dest(self) -> str:
+        return self.name.lstrip("-").replace("-", "_")
+
+
+@dataclass(frozen=True)
 class PluginOptions:
     """Server-wide settings a plugin may use (from the CLI); each plugin reads what it needs."""
 
@@ -182,6 +200,8 @@ class Plugin(abc.ABC):
     id: ClassVar[str]
     # Keys in extra_body that only the server may set; a client sending one is refused.
     private_keys: ClassVar[frozenset[str]] = frozenset()
+    # This plugin's own command-line flags (shown by `--plugin ID --help`).
+    flags: ClassVar[tuple[PluginFlag, ...]] = ()
 
     @classmethod
     def from_options(cls, options: PluginOptions) -> Plugin:

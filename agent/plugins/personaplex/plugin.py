@@ -27,6 +27,7 @@ from ..base import (
     Capabilities,
     Plugin,
     PluginError,
+    PluginFlag,
     PluginOptions,
     PluginSession,
     RuntimeConfig,
@@ -117,6 +118,14 @@ class PersonaPlexPlugin(Plugin):
     private_keys: ClassVar[frozenset[str]] = policy.PRIVATE_EXTRA_BODY_KEYS
     dep_q: ClassVar[int] = 16
     uses_prompt: ClassVar[bool] = True
+    flags: ClassVar[tuple[PluginFlag, ...]] = (
+        PluginFlag("--sampling", "token choice when a call does not set extra_body.sampling: "
+                   "greedy (argmax), or reference = NVIDIA's server defaults (sampling, "
+                   "temperature 0.8/0.7, top-k 250/25)", default="greedy",
+                   choices=("greedy", "reference")),
+        PluginFlag("--prompt-cache-size", "prompt snapshots (voice, persona) kept ready "
+                   "(default 32 on CPU, 16 on CUDA)", type=int, metavar="N"),
+    )
 
     def __init__(self, model_dir: str | None, device: str = "cpu", dtype: str | None = None,
                  max_sessions: int = 0, voice: str | None = None,

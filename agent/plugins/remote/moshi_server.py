@@ -33,7 +33,7 @@ import numpy as np
 import sphn
 from yarl import URL
 
-from ..base import PluginError, PluginOptions, SessionConfig
+from ..base import PluginError, PluginFlag, PluginOptions, SessionConfig
 from ..personaplex.policy import DEFAULT_PERSONA, DEFAULT_VOICE
 from .link import LinkRequest, UpstreamError, UpstreamLink, protocol_error
 from .plugin import RemotePlugin
@@ -99,7 +99,7 @@ class MoshiLink(UpstreamLink):
             raise protocol_error("an empty message")
         kind, payload = data[0], data[1:]
         if kind == KIND_AUDIO:
-            self.file_audio(payload, arrived_at)
+            self.inbox.audio(payload, arrived_at)
         elif kind == KIND_TEXT:
             try:
                 text = payload.decode("utf-8")
@@ -107,7 +107,7 @@ class MoshiLink(UpstreamLink):
                 raise protocol_error("a text piece is not UTF-8") from None
             text = visible_text(text)
             if text:
-                self.file_text(text)
+                self.inbox.text(text)
         elif kind != KIND_HANDSHAKE:
             raise protocol_error(f"unknown message kind 0x{kind:02x}")
 
@@ -140,6 +140,11 @@ class MoshiServerPlugin(RemotePlugin):
     link_class = MoshiLink
     default_capacity = 1  # the reference server holds one conversation per process
     upstream_kind: ClassVar[str] = "personaplex"
+    flags: ClassVar[tuple[PluginFlag, ...]] = (*RemotePlugin.flags, PluginFlag(
+        "--upstream-kind", "which reference server the --upstream URLs are: personaplex "
+        "(NVIDIA's) always gets a voice and a persona (the caller's, else the defaults); "
+        "kyutai's server has no persona, so none is sent", default="personaplex",
+        choices=UPSTREAM_KINDS))
 
     @classmethod
     def from_options(cls, options: PluginOptions) -> RemotePlugin:

@@ -25,6 +25,7 @@ from ..base import (
     Capabilities,
     Plugin,
     PluginError,
+    PluginFlag,
     PluginOptions,
     PluginSession,
     RuntimeConfig,
@@ -54,6 +55,15 @@ class RemoteSession(PluginSession):
 class RemotePlugin(Plugin):
     link_class: ClassVar[type[UpstreamLink]]
     default_capacity: ClassVar[int] = 0  # per upstream; 0 = unlimited
+    flags: ClassVar[tuple[PluginFlag, ...]] = (
+        PluginFlag("--upstream-capacity", "concurrent calls per --upstream (default: vllm-omni "
+                   "unlimited, moshi-server 1)", type=int, metavar="CALLS"),
+        PluginFlag("--upstream-handshake-timeout", "seconds a remote engine may take to accept "
+                   "a session (a Moshi server prefills its prompt first)", default=20.0,
+                   type=float, metavar="S"),
+        PluginFlag("--upstream-stall-timeout", "seconds without a message from a remote engine "
+                   "before the call gets an error", default=5.0, type=float, metavar="S"),
+    )
 
     def __init__(
         self,

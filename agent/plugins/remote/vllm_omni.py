@@ -148,12 +148,12 @@ class VllmOmniLink(UpstreamLink):
             if not isinstance(delta, str):
                 raise protocol_error("a transcript delta without a string 'delta'")
             if delta:
-                self.file_text(delta)
+                self.inbox.text(delta)
         elif kind == "response.output_audio_transcript.done":
-            self.file_segment_end()
+            self.inbox.segment_end()
         elif kind == "error":
             error = upstream_error(event, opening=False)
-            self.file_notice(PluginError(error.code, error.message, status=error.status))
+            self.inbox.notice(PluginError(error.code, error.message, status=error.status))
         elif kind in ENDING_EVENTS:
             reason = event.get("reason") or event.get("session", {}).get("close_reason")
             raise UpstreamError(
@@ -173,7 +173,7 @@ class VllmOmniLink(UpstreamLink):
         delta = event.get("delta")
         if not isinstance(delta, str):
             raise protocol_error("an audio delta without a string 'delta'")
-        self.file_audio(delta, arrived_at)
+        self.inbox.audio(delta, arrived_at)
 
     async def goodbye(self, ws: aiohttp.ClientWebSocketResponse) -> None:
         await ws.send_str(json.dumps({"type": "session.close"}))

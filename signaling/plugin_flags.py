@@ -1,0 +1,71 @@
+"""Command-line flags that plugins declare for themselves (`Plugin.flags`).
+
+The parser looks at `--plugin` first and adds that plugin's flags in a group of their own, so
+`python -m signaling --plugin personaplex --help` lists them and a third-party plugin gets
+flags without editing this package. A flag for a plugin that is not selected is refused like
+any unknown flag.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from agent.errors import AgentError
+from agent.plugins.base import Plugin, PluginFlag
+from agent.plugins.registry import plugin_class
+
+DEFAULT_PLUGIN = "echo"
+
+
+def selected_plugin(argv: Sequence[str]) -> str:
+    peek = argparse.ArgumentParser(add_help=False)
+    peek.add_argument("--plugin", default=DEFAULT_PLUGIN)
+    known, _ = peek.parse_known_args(list(argv))
+    return str(known.plugin)
+
+
+def flags_of(name: str) -> tuple[PluginFlag, ...]:
+    """The flags plugin `name` declares; none when it cannot be found (loading it later gives
+    the coded error)."""
+    try:
+        cls: type[Plugin] = plugin_class(name)
+    except AgentError:
+        return ()
+    return tuple(getattr(cls, "flags", ()))
+
+
+def plugin_extra(args: argparse.Namespace) -> dict[str, Any]:
+    """The selected plugin's flag values, for `PluginOptions.extra`."""
+    return {flag.dest: getattr(args, flag.dest, flag.default) for flag in flags_of(args.plugin)}
+
+
+class PluginFlagsParser(argparse.ArgumentParser):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._declared: set[str] = set()
+
+    def parse_known_args(self, args: Sequence[str] | None = None,  # type: ignore[override]
+                         namespace: argparse.Namespace | None = None,
+                         ) -> tuple[argparse.Namespace, list[str]]:
+        argv = list(sys.argv[1:] if args is None else args)
+        self.add_plugin_flags(selected_plugin(argv))
+        return super().parse_known_args(argv, namespace)
+
+    def add_plugin_flags(self, name: str) -> None:
+        flags = [flag for flag in flags_of(name) if flag.dest not in self._declared]
+        if not flags:
+            return
+        group = self.add_argument_group(f"options of the {name} plugin")
+        for flag in flags:
+            extra: dict[str, Any] = {}
+            if flag.type is not None:
+                extra["type"] = flag.type
+            if flag.choices is not None:
+                extra["choices"] = flag.choices
+            if flag.metavar is not None:
+                extra["metavar"] = flag.metavar
+            group.add_argument(flag.name, default=flag.default, help=flag.help, **extra)
+            self._declared.add(flag.dest)
