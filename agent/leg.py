@@ -31,6 +31,7 @@ from .plugins.base import Plugin, RuntimeConfig, SessionConfig, StepOutput
 from .recording import CallRecorder, recorder_for, take_record_option
 from .task_owner import TaskOwner
 from .ticker import TickedSession, Ticker
+from .watchdog import MAX_CALL_SECONDS, Watchdog
 
 if TYPE_CHECKING:
     from .leg_registry import LegRegistry
@@ -38,7 +39,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 RECENT_EVENTS = 64
-WATCHDOG_INTERVAL = 0.25
+WATCHDOG_INTERVAL = 0.25  # seconds between the watchdog's looks
 NOTICE_SECONDS = 0.2  # time for a last event to leave before the transport closes
 
 
@@ -83,14 +84,12 @@ class Leg:
         self.owner: object | None = None
         # Recent session events (errors, DTMF, transcripts), for stats and observers.
         self.events: deque[dict[str, Any]] = deque(maxlen=RECENT_EVENTS)
-        self.started_at = time.monotonic()
-        self.media_started_at: float | None = None  # connected / first caller audio
-        self.last_inbound_at: float | None = None
+        self.watchdog = Watchdog(settings)
         self.end_reason: str | None = None
         self.queued_samples = 0  # agent samples ever put in the playout buffer
         self.closed = asyncio.Event()
         self.tasks = TaskOwner(leg_id)
-        self._closing = False
+        self.closing = False
         self._close_task: asyncio.Task[None] | None = None
 
     # -- lifecycle --------------------------------------------------------------------------
@@ -104,7 +103,7 @@ class Leg:
         given back to the plugin then); start the recording unless the server does not record
         or the caller opted out."""
         try:
-            if self._closing:
+            if self.closing:
                 raise AgentError("session_closed", "the session ended during setup")
             ticked = await self.ticker.open_session(
                 prepared.runtime_config, self.on_output, self.on_plugin_error
@@ -112,7 +111,7 @@ class Leg:
         except BaseException:
             self.plugin.discard_runtime_config(prepared.runtime_config)
             raise
-        if self._closing:  # closed while the seat was being made
+        if self.closing:  # closed while the seat was being made
             await self.ticker.close_session(ticked)
             raise AgentError("session_closed", "the session ended during setup")
         self.ticked = ticked
@@ -122,30 +121,18 @@ class Leg:
         if self.recorder is not None:
             ticked.tap = self.recorder.add_tick
 
-    def mark_media_started(self) -> None:
-        """The transport is up (WebRTC connected, or the first caller audio arrived)."""
-        if self.media_started_at is None:
-            self.media_started_at = time.monotonic()
-
     def start_watchdog(self) -> None:
-        self.spawn(self._watchdog(), "watchdog")
+        self.spawn(self._watch(), "watchdog")
 
-    async def _watchdog(self) -> None:
-        settings = self.settings
+    async def _watch(self) -> None:
         while True:
             await asyncio.sleep(WATCHDOG_INTERVAL)
-            now = time.monotonic()
-            if self.media_started_at is None:
-                if now - self.started_at > settings.connect_timeout:
-                    await self.close("connect_timeout")
-                    return
-                continue
-            if now - (self.last_inbound_at or self.media_started_at) > settings.idle_timeout:
-                await self.close("idle_timeout")
+            reason = self.watchdog.verdict(time.monotonic())
+            if reason == MAX_CALL_SECONDS:
+                await self.on_time_limit(self.settings.max_call_seconds)
                 return
-            limit = settings.max_call_seconds
-            if limit and now - self.media_started_at > limit:
-                await self.on_time_limit(limit)
+            if reason is not None:
+                await self.close(reason)
                 return
 
     async def on_time_limit(self, limit: float) -> None:
@@ -154,7 +141,7 @@ class Leg:
     async def end_with_notice(self, reason: str, message: str) -> None:
         """End the leg, first telling the caller why where its transport can (see
         `notify_ending`)."""
-        if self._closing:
+        if self.closing:
             return
         if self.notify_ending(reason, message):
             await asyncio.sleep(NOTICE_SECONDS)
@@ -164,16 +151,12 @@ class Leg:
         """Tell the caller the leg is about to end; True if something was sent."""
         return False
 
-    @property
-    def closing(self) -> bool:
-        return self._closing
-
     async def close(self, reason: str = "hangup") -> None:
         """End the leg (idempotent). The teardown runs in its own task, so a caller that is
         cancelled meanwhile (an HTTP or websocket handler, one of the leg's own tasks) cannot
         cut it short."""
         if self._close_task is None:
-            self._closing = True
+            self.closing = True
             self.end_reason = reason
             self._close_task = asyncio.ensure_future(self._teardown(reason))
         await asyncio.shield(self._close_task)
@@ -201,10 +184,6 @@ class Leg:
 
     # -- media ------------------------------------------------------------------------------
 
-    def heard_caller(self) -> None:
-        """Caller audio arrived (the idle watchdog's clock)."""
-        self.last_inbound_at = time.monotonic()
-
     def push_caller_audio(self, frames: Iterable[np.ndarray]) -> None:
         """Caller audio at the plugin's rate (from `assembler`) into the plugin slot."""
         if self.ticked is None:
@@ -217,7 +196,7 @@ class Leg:
         if output.error is not None:
             self.emit(error_event_from(output.error))
         reason = output.end_reason
-        if reason is not None and not self._closing:
+        if reason is not None and not self.closing:
             self.spawn(self._end_after_events(reason), "plugin-end")
         audio = output.mono_audio()
         self.playout.push(audio)
@@ -251,64 +230,41 @@ class Leg:
     def deliver(self, event: dict[str, Any]) -> None:
         """Send an event where the transport's protocol has a place for it."""
 
-    # -- control ----------------------------------------------------------------------------
-
-    async def update_config(self, update: SessionConfig) -> None:
-        """Apply a caller's session update to the live plugin slot (AgentError if refused)."""
-        # Recording is chosen when the leg starts; a later `record` is not the plugin's.
-        update, _ = take_record_option(update)
-        if self.ticked is None:
-            raise AgentError("session_not_ready", "the session is not open yet")
-        new_config = self.plugin.runtime_config_for_update(self.ticked.config, update)
-        await self.ticker.update_session(self.ticked, new_config)
-        self.session_config = self.session_config.merged(update)
-
-    async def restart(self) -> int:
-        """Barge-in: drop queued agent audio and restart the model from its prompt. Returns
-        the agent samples dropped."""
-        dropped = self.playout.clear()
-        if self.ticked is not None:
-            await self.ticker.restart_session(self.ticked)
-        return dropped
-
-    async def dtmf(self, digit: str) -> None:
-        """A keypad digit from the caller, for the plugin (between steps)."""
-        if self.ticked is not None:
-            await self.ticker.send_dtmf(self.ticked, digit)
-
     # -- reporting --------------------------------------------------------------------------
-
-    def media_counts(self) -> dict[str, int]:
-        """Outbound and playout counters for the metrics (live or ended)."""
-        inbound = self.ticked.counters if self.ticked is not None else None
-        packets, payload_bytes = self.outbound_counts()
-        return {
-            "packets": packets,
-            "bytes": payload_bytes,
-            "underruns": self.playout.underrun_chunks,
-            "trimmed_samples": self.playout.trimmed_samples,
-            "fifo_trimmed_samples": (inbound.dropped_backlog_samples
-                                     + inbound.dropped_overflow_samples) if inbound else 0,
-        }
 
     def outbound_counts(self) -> tuple[int, int]:
         """(20 ms packets sent, encoded payload bytes sent); transports override."""
         return 0, 0
 
-    def playout_stats(self, reanchors: int) -> dict[str, Any]:
-        rate = self.capabilities.sample_rate
-        return {
-            "buffered_ms": round(self.playout.buffered_samples / rate * 1000, 1),
-            "dropped_samples": self.playout.dropped_samples,
-            "underrun_chunks": self.playout.underrun_chunks,
-            "reanchors": reanchors,
-            "trimmed_ms": round(self.playout.trimmed_samples / rate * 1000, 1),
-        }
-
     def stats(self) -> dict[str, Any]:
         return {
             "call_id": self.id,
             "plugin": self.plugin.id,
-            "age_s": round(time.monotonic() - self.started_at, 3),
+            "age_s": round(time.monotonic() - self.watchdog.started_at, 3),
             "inbound": self.ticked.counters.to_dict() if self.ticked else None,
         }
+
+
+def media_counts(leg: Leg) -> dict[str, int]:
+    """Outbound and playout counters of a live or ended leg, for the metrics."""
+    inbound = leg.ticked.counters if leg.ticked is not None else None
+    packets, payload_bytes = leg.outbound_counts()
+    return {
+        "packets": packets,
+        "bytes": payload_bytes,
+        "underruns": leg.playout.underrun_chunks,
+        "trimmed_samples": leg.playout.trimmed_samples,
+        "fifo_trimmed_samples": (inbound.dropped_backlog_samples
+                                 + inbound.dropped_overflow_samples) if inbound else 0,
+    }
+
+
+def playout_stats(leg: Leg, reanchors: int) -> dict[str, Any]:
+    rate = leg.capabilities.sample_rate
+    return {
+        "buffered_ms": round(leg.playout.buffered_samples / rate * 1000, 1),
+        "dropped_samples": leg.playout.dropped_samples,
+        "underrun_chunks": leg.playout.underrun_chunks,
+        "reanchors": reanchors,
+        "trimmed_ms": round(leg.playout.trimmed_samples / rate * 1000, 1),
+    }

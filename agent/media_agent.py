@@ -14,7 +14,7 @@ from aiortc import RTCConfiguration, RTCIceServer, RTCPeerConnection, RTCSession
 
 from .call_settings import CallSettings
 from .errors import CallError
-from .leg import Leg, prepare_config
+from .leg import Leg, media_counts, prepare_config
 from .leg_registry import LegRegistry
 from .plugins.base import Plugin, PluginError, SessionConfig
 from .rtc_tuning import (
@@ -173,7 +173,7 @@ class MediaAgent:
                  leg.transport, len(self.legs))
 
     def _leg_ended(self, leg: Leg) -> None:
-        self.metrics.call_ended(leg.transport, leg.end_reason, leg.media_counts())
+        self.metrics.call_ended(leg.transport, leg.end_reason, media_counts(leg))
         log.info("call %s end reason=%s duration=%.1fs calls=%d", leg.id, leg.end_reason,
                  leg.stats()["age_s"], len(self.legs))
 

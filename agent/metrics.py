@@ -22,6 +22,8 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
+from .leg import media_counts
+
 if TYPE_CHECKING:
     from .media_agent import MediaAgent
 
@@ -124,7 +126,7 @@ class _LiveState(Collector):
         per_transport = self.agent.legs.count_by_transport()
         totals = TallyCounter(self.metrics.ended_totals)
         for leg in self.agent.legs:
-            for name, value in leg.media_counts().items():
+            for name, value in media_counts(leg).items():
                 totals[(leg.transport, name)] += value
         for transport, count in sorted(per_transport.items()):
             active.add_metric([transport, plugin], count)

@@ -23,6 +23,7 @@ from .events import (
 )
 from .plugins.base import StepOutput
 from .realtime_session import session_config_from_realtime
+from .recording import take_record_option
 
 if TYPE_CHECKING:
     from .leg import Leg
@@ -166,13 +167,23 @@ class RealtimeProtocol:
     async def update_session(self, session: Any) -> None:
         if not isinstance(session, dict):
             raise AgentError("invalid_type", "'session' must be an object", param="session")
-        update = session_config_from_realtime(session)
+        # Recording is chosen when the leg starts; a later `record` is not the plugin's.
+        update, _ = take_record_option(session_config_from_realtime(session))
+        leg = self.leg
         async with self._update_lock:
-            await self.leg.update_config(update)
+            if leg.ticked is None:
+                raise AgentError("session_not_ready", "the session is not open yet")
+            new_config = leg.plugin.runtime_config_for_update(leg.ticked.config, update)
+            await leg.ticker.update_session(leg.ticked, new_config)
+            leg.session_config = leg.session_config.merged(update)
         self.leg.emit(server_event("session.updated", session=self.describe_session()))
 
     async def barge_in(self) -> None:
-        dropped = await self.leg.restart()
+        """Drop queued agent audio and restart the model from its prompt."""
+        leg = self.leg
+        dropped = leg.playout.clear()
+        if leg.ticked is not None:
+            await leg.ticker.restart_session(leg.ticked)
         self._transcript.clear()
         if self._speaking:
             self._speaking = False

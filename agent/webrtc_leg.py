@@ -19,7 +19,7 @@ from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
 from .call_settings import CallSettings
 from .events import error_event
-from .leg import Leg
+from .leg import Leg, playout_stats
 from .outbound import AgentAudioTrack
 from .plugins.base import Plugin, StepOutput
 from .realtime_protocol import RealtimeProtocol
@@ -55,14 +55,14 @@ class WebRtcLeg(Leg):
 
     @property
     def connected_at(self) -> float | None:
-        return self.media_started_at
+        return self.watchdog.media_started_at
 
     # -- the peer connection ----------------------------------------------------------------
 
     def on_connection_state(self) -> None:
         state = self.pc.connectionState
         if state == "connected":
-            self.mark_media_started()
+            self.watchdog.media_started()
         elif state in ("failed", "closed"):
             self.spawn(self.close(f"connection_{state}"), "close")
 
@@ -94,7 +94,7 @@ class WebRtcLeg(Leg):
                 frame = await track.recv()
             except MediaStreamError:
                 return
-            self.heard_caller()
+            self.watchdog.heard()
             if self.ticked is not None:
                 self.push_caller_audio(self.assembler.push(frame))
 
@@ -138,6 +138,6 @@ class WebRtcLeg(Leg):
             "connection_state": self.pc.connectionState,
             "decode_errors": (self.inbound_decoding.decode_errors
                               if self.inbound_decoding is not None else None),
-            "playout": self.playout_stats(self.track.pacer.reanchors),
+            "playout": playout_stats(self, self.track.pacer.reanchors),
             "plugin_session": self.ticked.plugin_session.stats() if self.ticked else None,
         }

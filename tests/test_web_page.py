@@ -411,8 +411,8 @@ async def test_mic_and_processing_switch_mid_call_replace_the_sent_track(
     assert after["id"] != before["id"]
     assert (after["ec"], after["ns"], after["agc"]) == (True, False, True)
     call = next(iter(running.agent.calls.values()))
-    heard_at = call.last_inbound_at
-    await wait_until(lambda: call.last_inbound_at != heard_at, timeout=5)
+    heard_at = call.watchdog.last_inbound_at
+    await wait_until(lambda: call.watchdog.last_inbound_at != heard_at, timeout=5)
     await wait_for_inbound_audio(page)
 
     # The microphone list is filled once permission is granted; choosing one switches to it.
@@ -426,8 +426,8 @@ async def test_mic_and_processing_switch_mid_call_replace_the_sent_track(
     device = await page.evaluate("""() => window.voiceApp.call.pc.getSenders()
         .find((s) => s.track).track.getSettings().deviceId""")
     assert device == other
-    heard_at = call.last_inbound_at
-    await wait_until(lambda: call.last_inbound_at != heard_at, timeout=5)
+    heard_at = call.watchdog.last_inbound_at
+    await wait_until(lambda: call.watchdog.last_inbound_at != heard_at, timeout=5)
     await page.click("#hangup")
     await wait_until(lambda: all_freed(running), timeout=5)
     assert_clean(log)

@@ -22,7 +22,7 @@ import numpy as np
 from ..call_settings import CallSettings
 from ..clock import MonotonicClock
 from ..events import server_event
-from ..leg import Leg
+from ..leg import Leg, playout_stats
 from ..pacer import Pacer
 from ..rate_limit import TokenBucket
 from .codec import PTIME, NarrowbandCodec
@@ -76,8 +76,8 @@ class TelephonyLeg(Leg):
 
     def push_inbound(self, pcm: np.ndarray) -> None:
         """int16 mono samples at the codec's rate from the caller."""
-        self.mark_media_started()
-        self.heard_caller()
+        self.watchdog.media_started()
+        self.watchdog.heard()
         self.chunks_in += 1
         if self.ticked is None or len(pcm) == 0:
             return
@@ -127,7 +127,8 @@ class TelephonyLeg(Leg):
                          received_at=int(time.time()))
         )
         log.info("%s dtmf %s", self.id, digit)
-        await super().dtmf(digit)
+        if self.ticked is not None:
+            await self.ticker.send_dtmf(self.ticked, digit)
 
     # -- reporting --------------------------------------------------------------------------
 
@@ -142,7 +143,7 @@ class TelephonyLeg(Leg):
             "chunks_in": self.chunks_in,
             "chunks_out": self.chunks_out,
             "agent_chunks_out": self.agent_chunks_out,
-            "playout": {**self.playout_stats(self.pacer.reanchors),
+            "playout": {**playout_stats(self, self.pacer.reanchors),
                         "short_chunks": self.resampler.short_chunks},
             "dtmf_refused": self.dtmf_refused,
             "events": [event["type"] for event in self.events],

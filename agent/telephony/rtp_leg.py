@@ -206,8 +206,8 @@ class RtpLeg(TelephonyLeg):
             if self.remote_ssrc is not None:
                 self.inbound.reset()
             self.remote_ssrc = packet.ssrc
-        self.heard_caller()
-        self.mark_media_started()
+        self.watchdog.heard()
+        self.watchdog.media_started()
         self.inbound.note_packet_samples(self.codec.samples_in(packet.payload))
         self.jitter.push(packet.sequence_number, packet.payload)
 

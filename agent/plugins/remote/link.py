@@ -154,18 +154,7 @@ class UpstreamLink(abc.ABC):
         finally:
             self.lease.release()
             self._closed.set()
-            self._log_summary()
-
-    def _log_summary(self) -> None:
-        summary = self.latency.summary()
-        rtt = summary["upstream_rtt"]
-        log.info(
-            "upstream %s session %s closed: frames_in=%d rtt_p50=%sms rtt_p95=%sms "
-            "agent_added_mean=%sms error=%s",
-            self.label, self.upstream_session_id, self.frames_in, rtt.get("p50_ms"),
-            rtt.get("p95_ms"), summary["agent_added_mean_ms"],
-            self.failure.code if self.failure else None,
-        )
+            log_summary(self)
 
     # -- ticker thread ----------------------------------------------------------------------
 
@@ -176,7 +165,10 @@ class UpstreamLink(abc.ABC):
             if self.failure is None:
                 self._send_input(frame, now)
                 self.inbox.drain(self._play_audio)
-                self._check_stall(now)
+                stalled = stall_error(now, self.socket.last_inbound_at, self._first_input_at,
+                                      self.settings.stall_timeout)
+                if stalled is not None:
+                    raise stalled
         except UpstreamError as exc:
             self._fail_from_ticker(exc)
         except Exception as exc:
@@ -217,18 +209,6 @@ class UpstreamLink(abc.ABC):
         self.latency.samples_received(len(samples), arrived_at, self.lease.upstream.observe_rtt)
         self.reframer.push(samples, arrived_at)
 
-    def _check_stall(self, now: float) -> None:
-        # The engine owes us output only once we send input: the call may be claimed a while
-        # after the handshake (ICE, DTLS), and that wait is not the engine's silence.
-        assert self._first_input_at is not None
-        silent_for = now - max(self.socket.last_inbound_at, self._first_input_at)
-        if silent_for > self.settings.stall_timeout:
-            raise UpstreamError(
-                "upstream_stalled",
-                f"the model server sent nothing for {silent_for:.1f} s",
-                status=504,
-            )
-
     def _fail_from_ticker(self, error: UpstreamError) -> None:
         if self.failure is not None:
             return
@@ -263,3 +243,27 @@ class UpstreamLink(abc.ABC):
             "error": self.failure.code if self.failure else None,
             "latency": self.latency.summary(),
         }
+
+
+def stall_error(now: float, last_inbound_at: float, first_input_at: float | None,
+                stall_timeout: float) -> UpstreamError | None:
+    """The engine owes us output only once we send input: the call may be claimed a while
+    after the handshake (ICE, DTLS), and that wait is not the engine's silence."""
+    assert first_input_at is not None
+    silent_for = now - max(last_inbound_at, first_input_at)
+    if silent_for > stall_timeout:
+        return UpstreamError("upstream_stalled",
+                             f"the model server sent nothing for {silent_for:.1f} s", status=504)
+    return None
+
+
+def log_summary(link: UpstreamLink) -> None:
+    summary = link.latency.summary()
+    rtt = summary["upstream_rtt"]
+    log.info(
+        "upstream %s session %s closed: frames_in=%d rtt_p50=%sms rtt_p95=%sms "
+        "agent_added_mean=%sms error=%s",
+        link.label, link.upstream_session_id, link.frames_in, rtt.get("p50_ms"),
+        rtt.get("p95_ms"), summary["agent_added_mean_ms"],
+        link.failure.code if link.failure else None,
+    )

@@ -1,0 +1,43 @@
+"""When a leg has to end on its own: never connected, caller gone quiet, or out of time.
+
+Pure bookkeeping on monotonic seconds, so the rules are tested without waiting for them.
+"""
+
+from __future__ import annotations
+
+import time
+
+from .call_settings import CallSettings
+
+CONNECT_TIMEOUT = "connect_timeout"
+IDLE_TIMEOUT = "idle_timeout"
+MAX_CALL_SECONDS = "max_call_seconds"
+
+
+class Watchdog:
+    def __init__(self, settings: CallSettings, now: float | None = None) -> None:
+        self.settings = settings
+        self.started_at = time.monotonic() if now is None else now
+        self.media_started_at: float | None = None  # connected / first caller audio
+        self.last_inbound_at: float | None = None
+
+    def media_started(self, now: float | None = None) -> None:
+        """The transport is up (WebRTC connected, or the first caller audio arrived)."""
+        if self.media_started_at is None:
+            self.media_started_at = time.monotonic() if now is None else now
+
+    def heard(self, now: float | None = None) -> None:
+        """Caller audio arrived."""
+        self.last_inbound_at = time.monotonic() if now is None else now
+
+    def verdict(self, now: float) -> str | None:
+        """Why the leg must end now (an end reason), or None while it may go on."""
+        settings = self.settings
+        if self.media_started_at is None:
+            return CONNECT_TIMEOUT if now - self.started_at > settings.connect_timeout else None
+        if now - (self.last_inbound_at or self.media_started_at) > settings.idle_timeout:
+            return IDLE_TIMEOUT
+        limit = settings.max_call_seconds
+        if limit and now - self.media_started_at > limit:
+            return MAX_CALL_SECONDS
+        return None
