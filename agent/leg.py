@@ -6,7 +6,7 @@ subclasses that feed caller audio in (`push_caller_audio`) and take paced agent 
 `playout`: WebRTC (webrtc_leg.py), the media-stream websocket and plain RTP (telephony/).
 
 Follow one frame: the transport's decoded caller audio → `FrameAssembler` (resample to the
-plugin's rate) → `TickedSession.push` → the ticker's batched `plugin.step` → `on_output` →
+plugin's rate) → `PluginSlot.push` → the ticker's batched `plugin.step` → `on_output` →
 `PlayoutBuffer` → the transport's 20 ms pacer → the wire.
 """
 
@@ -30,7 +30,7 @@ from .playout import PlayoutBuffer
 from .plugins.base import Plugin, RuntimeConfig, SessionConfig, StepOutput
 from .recording import CallRecorder, recorder_for, take_record_option
 from .task_owner import TaskOwner
-from .ticker import TickedSession, Ticker
+from .ticker import PluginSlot, Ticker
 from .watchdog import MAX_CALL_SECONDS, Watchdog
 
 if TYPE_CHECKING:
@@ -77,7 +77,7 @@ class Leg:
         # No re-chunking: the ticker cuts its frames from whatever arrived, so a packet is
         # not held back until the resampler's filter delay is filled by the next one.
         self.assembler = FrameAssembler(rate, None, self.capabilities.channels)
-        self.ticked: TickedSession | None = None
+        self.slot: PluginSlot | None = None
         self.session_config = SessionConfig()
         self.recorder: CallRecorder | None = None
         # Set by signaling: the credential that may read, change and end this leg.
@@ -105,21 +105,21 @@ class Leg:
         try:
             if self.closing:
                 raise AgentError("session_closed", "the session ended during setup")
-            ticked = await self.ticker.open_session(
+            slot = await self.ticker.open_slot(
                 prepared.runtime_config, self.on_output, self.on_plugin_error
             )
         except BaseException:
             self.plugin.discard_runtime_config(prepared.runtime_config)
             raise
         if self.closing:  # closed while the seat was being made
-            await self.ticker.close_session(ticked)
+            await self.ticker.close_slot(slot)
             raise AgentError("session_closed", "the session ended during setup")
-        self.ticked = ticked
+        self.slot = slot
         self.session_config = prepared.session_config
         self.recorder = recorder_for(self.settings.record_dir, prepared.record_allowed, self.id,
                                      self.capabilities.sample_rate)
         if self.recorder is not None:
-            ticked.tap = self.recorder.add_tick
+            slot.tap = self.recorder.add_tick
 
     def start_watchdog(self) -> None:
         self.spawn(self._watch(), "watchdog")
@@ -164,8 +164,8 @@ class Leg:
     async def _teardown(self, reason: str) -> None:
         self.tasks.cancel_all()
         try:
-            if self.ticked is not None:
-                await self.ticker.close_session(self.ticked)
+            if self.slot is not None:
+                await self.ticker.close_slot(self.slot)
         except Exception:
             # A plugin failing here must not leave the leg registered with its transport open.
             log.exception("%s: closing the plugin session failed", self.id)
@@ -186,10 +186,10 @@ class Leg:
 
     def push_caller_audio(self, frames: Iterable[np.ndarray]) -> None:
         """Caller audio at the plugin's rate (from `assembler`) into the plugin slot."""
-        if self.ticked is None:
+        if self.slot is None:
             return
         for frame in frames:
-            self.ticked.push(frame)
+            self.slot.push(frame)
 
     def on_output(self, output: StepOutput) -> None:
         """One step's answer (ticker, event loop)."""
@@ -241,13 +241,13 @@ class Leg:
             "call_id": self.id,
             "plugin": self.plugin.id,
             "age_s": round(time.monotonic() - self.watchdog.started_at, 3),
-            "inbound": self.ticked.counters.to_dict() if self.ticked else None,
+            "inbound": self.slot.counters.to_dict() if self.slot else None,
         }
 
 
 def media_counts(leg: Leg) -> dict[str, int]:
     """Outbound and playout counters of a live or ended leg, for the metrics."""
-    inbound = leg.ticked.counters if leg.ticked is not None else None
+    inbound = leg.slot.counters if leg.slot is not None else None
     packets, payload_bytes = leg.outbound_counts()
     return {
         "packets": packets,

@@ -198,7 +198,7 @@ class MediaAgent:
             "legs": self.legs.count_by_transport(),
             "capacity": self.capacity,
             "ticker": self.ticker.counters.to_dict(),
-            "plugin_slots": len(self.ticker.sessions),
+            "plugin_slots": len(self.ticker.slots),
             "plugin_health": self.plugin.health(),
             # Flat between calls on a healthy server: a leak shows here first.
             "event_loop_tasks": len(asyncio.all_tasks()),

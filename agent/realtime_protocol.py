@@ -64,7 +64,7 @@ class RealtimeProtocol:
 
     def describe_session(self) -> dict[str, Any]:
         leg = self.leg
-        config = leg.ticked.config if leg.ticked is not None else None
+        config = leg.slot.config if leg.slot is not None else None
         described = config.describe() if config is not None else {}
         return {
             "type": "realtime",
@@ -171,10 +171,10 @@ class RealtimeProtocol:
         update, _ = take_record_option(session_config_from_realtime(session))
         leg = self.leg
         async with self._update_lock:
-            if leg.ticked is None:
+            if leg.slot is None:
                 raise AgentError("session_not_ready", "the session is not open yet")
-            new_config = leg.plugin.runtime_config_for_update(leg.ticked.config, update)
-            await leg.ticker.update_session(leg.ticked, new_config)
+            new_config = leg.plugin.runtime_config_for_update(leg.slot.config, update)
+            await leg.ticker.update_slot(leg.slot, new_config)
             leg.session_config = leg.session_config.merged(update)
         self.leg.emit(server_event("session.updated", session=self.describe_session()))
 
@@ -182,8 +182,8 @@ class RealtimeProtocol:
         """Drop queued agent audio and restart the model from its prompt."""
         leg = self.leg
         dropped = leg.playout.clear()
-        if leg.ticked is not None:
-            await leg.ticker.restart_session(leg.ticked)
+        if leg.slot is not None:
+            await leg.ticker.restart_slot(leg.slot)
         self._transcript.clear()
         if self._speaking:
             self._speaking = False

@@ -1,8 +1,9 @@
-"""The clocked stepper: one ticker per plugin steps every live session once per frame period.
+"""The clocked stepper: one ticker per plugin steps every plugin slot once per frame period.
 
-All live sessions go through the plugin in ONE batched `step` call per tick, on a single
-worker thread (so a GPU model does one forward pass per tick for every call, and the event
-loop never waits on the model). Each session has a small bounded inbound queue; a caller that
+A plugin slot is one leg's seat at the ticker: its plugin session (the plugin's per-call
+state) and a small bounded queue of caller audio. All live slots go through the plugin in ONE
+batched `step` call per tick, on a single worker thread (so a GPU model does one forward pass
+per tick for every call, and the event loop never waits on the model); a caller that
 sent nothing this period is fed the plugin's silence so the model keeps time. A standing
 backlog (after a network burst, or a caller clock that runs fast) is trimmed oldest-first so
 it cannot turn into permanent delay. Joins and leaves happen between ticks and never move the
@@ -72,7 +73,7 @@ ErrorHandler = Callable[[Exception], None]
 TickTap = Callable[[np.ndarray, np.ndarray], None]
 
 
-class TickedSession:
+class PluginSlot:
     """One call's seat at the ticker: a bounded FIFO of caller samples and the output hooks."""
 
     def __init__(
@@ -144,7 +145,7 @@ class Ticker:
         self.frame_size = capabilities.frame_size
         self.inbound_capacity = inbound_capacity
         self.max_lateness = max_lateness_ticks * self.period
-        self.sessions: list[TickedSession] = []
+        self.slots: list[PluginSlot] = []
         self.counters = TickerCounters()
         self._silence = plugin.silence_frame()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"ticker-{plugin.id}")
@@ -161,45 +162,45 @@ class Ticker:
         if self._task is None:
             self._task = asyncio.get_running_loop().create_task(self._run(), name="ticker")
 
-    async def open_session(
+    async def open_slot(
         self,
         config: RuntimeConfig,
         on_output: OutputHandler,
         on_error: ErrorHandler | None = None,
-    ) -> TickedSession:
+    ) -> PluginSlot:
         if self._closed:
             raise PluginError("shutting_down", "the server is shutting down", status=503)
         plugin_session = await self._in_worker(self.plugin.create_session, config)
-        ticked = TickedSession(
+        slot = PluginSlot(
             plugin_session, self.frame_size, self.inbound_capacity, on_output, on_error
         )
-        self.sessions.append(ticked)
+        self.slots.append(slot)
         self.start()
         self._wakeup.set()
-        return ticked
+        return slot
 
-    async def close_session(self, ticked: TickedSession) -> None:
-        if ticked.closed:
+    async def close_slot(self, slot: PluginSlot) -> None:
+        if slot.closed:
             return
-        ticked.closed = True
-        if ticked in self.sessions:
-            self.sessions.remove(ticked)
-        await self._in_worker(self.plugin.close_session, ticked.plugin_session)
+        slot.closed = True
+        if slot in self.slots:
+            self.slots.remove(slot)
+        await self._in_worker(self.plugin.close_session, slot.plugin_session)
 
-    async def restart_session(self, ticked: TickedSession) -> None:
+    async def restart_slot(self, slot: PluginSlot) -> None:
         """New epoch: queued caller audio is dropped and the plugin goes back to its prompt."""
-        ticked.inbound.clear()
-        await self._in_worker(self.plugin.restart_session, ticked.plugin_session)
+        slot.inbound.clear()
+        await self._in_worker(self.plugin.restart_session, slot.plugin_session)
 
-    async def update_session(self, ticked: TickedSession, config: RuntimeConfig) -> None:
+    async def update_slot(self, slot: PluginSlot, config: RuntimeConfig) -> None:
         """Swap a session's config between steps, on the worker thread (as base.py's thread
         rule says), so a step never sees it change half-way."""
-        await self._in_worker(setattr, ticked.plugin_session, "config", config)
+        await self._in_worker(setattr, slot.plugin_session, "config", config)
 
-    async def send_dtmf(self, ticked: TickedSession, digit: str) -> None:
+    async def send_dtmf(self, slot: PluginSlot, digit: str) -> None:
         """Hand a keypad digit to the plugin on its worker thread (between steps)."""
-        if not ticked.closed:
-            await self._in_worker(self.plugin.handle_dtmf, ticked.plugin_session, digit)
+        if not slot.closed:
+            await self._in_worker(self.plugin.handle_dtmf, slot.plugin_session, digit)
 
     async def close(self) -> None:
         self._closed = True
@@ -210,15 +211,15 @@ class Ticker:
             except asyncio.CancelledError:
                 pass
             self._task = None
-        for ticked in list(self.sessions):
-            await self.close_session(ticked)
+        for slot in list(self.slots):
+            await self.close_slot(slot)
         self._executor.shutdown(wait=True)
 
     async def _run(self) -> None:
         anchor: float | None = None
         index = 0
         while True:
-            if not self.sessions:
+            if not self.slots:
                 self._wakeup.clear()
                 await self._wakeup.wait()
                 anchor = None
@@ -244,19 +245,19 @@ class Ticker:
 
     async def _tick(self) -> float | None:
         """Step every live session once; the step's milliseconds (None when nothing ran)."""
-        live = list(self.sessions)
+        live = list(self.slots)
         if not live:
             return None
-        batch = [(ticked.plugin_session, ticked.take(self._silence)) for ticked in live]
+        batch = [(slot.plugin_session, slot.take(self._silence)) for slot in live]
         started = time.perf_counter()
         try:
             outputs = await self._in_worker(self.plugin.step, batch)
         except Exception as exc:  # a plugin fault must not stop the clock for everyone
             self.counters.step_errors += 1
             log.exception("plugin %s step failed", self.plugin.id)
-            for ticked in live:
-                if ticked.on_error is not None and not ticked.closed:
-                    ticked.on_error(exc)
+            for slot in live:
+                if slot.on_error is not None and not slot.closed:
+                    slot.on_error(exc)
             # (the finally below runs after this value is taken)
             return (time.perf_counter() - started) * 1000
         finally:
@@ -265,13 +266,13 @@ class Ticker:
             self.counters.last_step_ms = elapsed_ms
             self.counters.total_step_ms += elapsed_ms
             self.counters.max_step_ms = max(self.counters.max_step_ms, elapsed_ms)
-        for ticked, (_, frame), output in zip(live, batch, outputs):
-            if ticked.closed:
+        for slot, (_, frame), output in zip(live, batch, outputs):
+            if slot.closed:
                 continue
             try:
-                if ticked.tap is not None:
-                    ticked.tap(frame, output.mono_audio())
-                ticked.on_output(output)
+                if slot.tap is not None:
+                    slot.tap(frame, output.mono_audio())
+                slot.on_output(output)
             except Exception:
                 log.exception("output handler failed")
         return elapsed_ms

@@ -95,7 +95,7 @@ class WebRtcLeg(Leg):
             except MediaStreamError:
                 return
             self.watchdog.heard()
-            if self.ticked is not None:
+            if self.slot is not None:
                 self.push_caller_audio(self.assembler.push(frame))
 
     async def _drain(self, track: MediaStreamTrack) -> None:
@@ -139,5 +139,5 @@ class WebRtcLeg(Leg):
             "decode_errors": (self.inbound_decoding.decode_errors
                               if self.inbound_decoding is not None else None),
             "playout": playout_stats(self, self.track.pacer.reanchors),
-            "plugin_session": self.ticked.plugin_session.stats() if self.ticked else None,
+            "plugin_session": self.slot.plugin_session.stats() if self.slot else None,
         }

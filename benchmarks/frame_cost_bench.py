@@ -2,7 +2,7 @@
 
 Replays what one call's media path does for each 80 ms of audio, in one thread, with the
 echo plugin: 4 decoded Opus packets (s16 stereo 48 kHz) → FrameAssembler (resample to
-24 kHz mono) → TickedSession FIFO → one batched plugin step for all calls → on_output
+24 kHz mono) → PluginSlot FIFO → one batched plugin step for all calls → on_output
 (playout push + speech tracking) → 4 paced 20 ms chunks taken from the playout buffer and
 converted to s16. Target: under 0.5 ms per frame per call.
 
@@ -30,7 +30,7 @@ from agent.playout import PlayoutBuffer
 from agent.plugins.base import RuntimeConfig
 from agent.plugins.echo import EchoPlugin
 from agent.testing.testsignal import make_test_signal
-from agent.ticker import TickedSession
+from agent.ticker import PluginSlot
 
 
 def decoded_packets(seconds: float) -> list[av.AudioFrame]:
@@ -51,7 +51,7 @@ def run(calls: int, frames: int) -> float:
     seats = []
     for _ in range(calls):
         session = plugin.create_session(RuntimeConfig())
-        seat = TickedSession(session, 1920, 3, lambda output: None, None)
+        seat = PluginSlot(session, 1920, 3, lambda output: None, None)
         playout = PlayoutBuffer(48000)
         pacer = Pacer(FakeClock(), 0.02)
         asyncio.run(pacer.wait_next())  # a started timeline, so pushes run the trim check

@@ -91,7 +91,7 @@ async def test_multipart_offer_applies_session_before_first_frame(
     assert created["session"]["instructions"] == "you are a parrot"
     assert created["session"]["voice"] == "verse"
     call = running.agent.calls[client.call_id]
-    assert call.ticked is not None and call.ticked.config.options["delay_frames"] == 5
+    assert call.slot is not None and call.slot.config.options["delay_frames"] == 5
 
     await client.wait_audio(2.0)
     sent = client.signal[: client.source.position]

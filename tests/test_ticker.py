@@ -11,7 +11,7 @@ from agent.testing.clock import FakeClock
 from agent.plugins.base import (
     Capabilities, Plugin, PluginSession, RuntimeConfig, SessionConfig, StepOutput,
 )
-from agent.ticker import TRIM_WINDOW_TICKS, TickedSession, Ticker
+from agent.ticker import TRIM_WINDOW_TICKS, PluginSlot, Ticker
 
 FRAME = 4  # tiny frames keep the arithmetic readable: 4 samples at 50 Hz = 80 ms
 
@@ -64,14 +64,14 @@ async def wait_for_ticks(plugin: RecordingPlugin, count: int, timeout: float = 2
         await asyncio.sleep(0.001)
 
 
-async def stopped_seat() -> tuple[TickedSession, np.ndarray]:
+async def stopped_seat() -> tuple[PluginSlot, np.ndarray]:
     """A session's seat on a stopped ticker (room for 10 frames): tests call `take` by hand."""
     clock = FakeClock()
     plugin = RecordingPlugin(clock)
     ticker = Ticker(plugin, clock=clock, inbound_capacity=10)
-    ticked = await ticker.open_session(RuntimeConfig(voice="a"), lambda o: None)
+    slot = await ticker.open_slot(RuntimeConfig(voice="a"), lambda o: None)
     await ticker.close()
-    return ticked, plugin.silence_frame()
+    return slot, plugin.silence_frame()
 
 
 @pytest.fixture
@@ -83,8 +83,8 @@ async def test_all_live_sessions_share_one_batched_step(clock: FakeClock) -> Non
     plugin = RecordingPlugin(clock)
     ticker = Ticker(plugin, clock=clock)
     outputs: dict[str, list[float]] = {"a": [], "b": []}
-    a = await ticker.open_session(RuntimeConfig(voice="a"), lambda o: outputs["a"].append(o.audio[0]))
-    b = await ticker.open_session(RuntimeConfig(voice="b"), lambda o: outputs["b"].append(o.audio[0]))
+    a = await ticker.open_slot(RuntimeConfig(voice="a"), lambda o: outputs["a"].append(o.audio[0]))
+    b = await ticker.open_slot(RuntimeConfig(voice="b"), lambda o: outputs["b"].append(o.audio[0]))
     joined = len(plugin.batches)
     a.push(frame(1.0))
     b.push(frame(2.0))
@@ -106,12 +106,12 @@ async def test_all_live_sessions_share_one_batched_step(clock: FakeClock) -> Non
 async def test_join_and_leave_keep_the_tick_timeline(clock: FakeClock) -> None:
     plugin = RecordingPlugin(clock)
     ticker = Ticker(plugin, clock=clock)
-    a = await ticker.open_session(RuntimeConfig(voice="a"), lambda o: None)
+    a = await ticker.open_slot(RuntimeConfig(voice="a"), lambda o: None)
     await wait_for_ticks(plugin, 5)
-    b = await ticker.open_session(RuntimeConfig(voice="b"), lambda o: None)
+    b = await ticker.open_slot(RuntimeConfig(voice="b"), lambda o: None)
     joined = len(plugin.batches)
     await wait_for_ticks(plugin, joined + 5)
-    await ticker.close_session(a)
+    await ticker.close_slot(a)
     left = len(plugin.batches)
     await wait_for_ticks(plugin, left + 5)
     await ticker.close()
@@ -127,100 +127,100 @@ async def test_join_and_leave_keep_the_tick_timeline(clock: FakeClock) -> None:
 async def test_quiet_caller_is_clocked_with_silence(clock: FakeClock) -> None:
     plugin = RecordingPlugin(clock)
     ticker = Ticker(plugin, clock=clock)
-    ticked = await ticker.open_session(RuntimeConfig(voice="a"), lambda o: None)
-    ticked.push(frame(5.0))
+    slot = await ticker.open_slot(RuntimeConfig(voice="a"), lambda o: None)
+    slot.push(frame(5.0))
     await wait_for_ticks(plugin, 6)
     await ticker.close()
     values = [batch[0][1] for batch in plugin.batches[:6]]
     assert values == [5.0, 0.0, 0.0, 0.0, 0.0, 0.0]
-    assert ticked.counters.silence_filled >= 5
+    assert slot.counters.silence_filled >= 5
 
 
 async def test_inbound_queue_is_bounded_and_drops_oldest() -> None:
     clock = FakeClock()
     plugin = RecordingPlugin(clock)
     ticker = Ticker(plugin, clock=clock, inbound_capacity=3)
-    ticked = await ticker.open_session(RuntimeConfig(voice="a"), lambda o: None)
+    slot = await ticker.open_slot(RuntimeConfig(voice="a"), lambda o: None)
     await ticker.close()  # stop the clock so the queue is only filled
     for value in range(10):
-        ticked.push(frame(float(value)))
-    assert ticked.inbound.buffered_samples == 3 * FRAME
-    assert ticked.counters.dropped_overflow_samples == 7 * FRAME
-    assert ticked.take(plugin.silence_frame())[0] == 7.0
+        slot.push(frame(float(value)))
+    assert slot.inbound.buffered_samples == 3 * FRAME
+    assert slot.counters.dropped_overflow_samples == 7 * FRAME
+    assert slot.take(plugin.silence_frame())[0] == 7.0
 
 
 async def test_frames_are_cut_from_any_chunking_and_padded_when_late() -> None:
     clock = FakeClock()
     plugin = RecordingPlugin(clock)
     ticker = Ticker(plugin, clock=clock)
-    ticked = await ticker.open_session(RuntimeConfig(voice="a"), lambda o: None)
+    slot = await ticker.open_slot(RuntimeConfig(voice="a"), lambda o: None)
     await ticker.close()
     silence = plugin.silence_frame()
-    ticked.push(np.arange(3, dtype=np.float32))
-    ticked.push(np.arange(3, 6, dtype=np.float32))
-    np.testing.assert_array_equal(ticked.take(silence), [0, 1, 2, 3])
+    slot.push(np.arange(3, dtype=np.float32))
+    slot.push(np.arange(3, 6, dtype=np.float32))
+    np.testing.assert_array_equal(slot.take(silence), [0, 1, 2, 3])
     # Only two samples are there at the next tick: the frame is completed with silence.
-    np.testing.assert_array_equal(ticked.take(silence), [4, 5, 0, 0])
-    assert ticked.counters.padded == 1
-    np.testing.assert_array_equal(ticked.take(silence), [0, 0, 0, 0])
-    assert ticked.counters.silence_filled == 1
+    np.testing.assert_array_equal(slot.take(silence), [4, 5, 0, 0])
+    assert slot.counters.padded == 1
+    np.testing.assert_array_equal(slot.take(silence), [0, 0, 0, 0])
+    assert slot.counters.silence_filled == 1
 
 
 async def test_standing_backlog_is_trimmed() -> None:
-    ticked, silence = await stopped_seat()
+    slot, silence = await stopped_seat()
     # A burst left two extra frames queued; the caller keeps sending one frame per tick.
-    ticked.push(frame(0.0))
-    ticked.push(frame(0.0))
+    slot.push(frame(0.0))
+    slot.push(frame(0.0))
     for _ in range(TRIM_WINDOW_TICKS * 2):
-        ticked.push(frame(1.0))
-        ticked.take(silence)
+        slot.push(frame(1.0))
+        slot.take(silence)
     # Two frames waited a whole window for nothing: they are dropped once, not more.
-    assert ticked.counters.dropped_backlog_samples == 2 * FRAME
-    assert ticked.inbound.buffered_samples == 0
+    assert slot.counters.dropped_backlog_samples == 2 * FRAME
+    assert slot.inbound.buffered_samples == 0
 
 
 async def test_jitter_cushion_is_kept_after_a_late_frame() -> None:
-    ticked, silence = await stopped_seat()
+    slot, silence = await stopped_seat()
     for _ in range(3):  # the stream flows ...
-        ticked.push(frame(1.0))
-        ticked.take(silence)
-    ticked.push(frame(1.0)[:2])  # ... then half a frame, and the rest arrives late
-    ticked.take(silence)
+        slot.push(frame(1.0))
+        slot.take(silence)
+    slot.push(frame(1.0)[:2])  # ... then half a frame, and the rest arrives late
+    slot.take(silence)
     for _ in range(TRIM_WINDOW_TICKS * 3):
-        ticked.push(frame(1.0))
-        ticked.take(silence)
-    assert ticked.counters.padded == 1
-    assert ticked.counters.dropped_backlog_samples == 0
+        slot.push(frame(1.0))
+        slot.take(silence)
+    assert slot.counters.padded == 1
+    assert slot.counters.dropped_backlog_samples == 0
 
 
 @pytest.mark.parametrize("late_frame, frames_dropped", [(False, 4), (True, 3)])
 async def test_a_stall_backlog_is_dropped_but_for_a_cushion_earned_by_jitter(
     late_frame: bool, frames_dropped: int,
 ) -> None:
-    ticked, silence = await stopped_seat()
-    ticked.push(frame(1.0)[:1])  # a stream's first frame is partial: no jitter shown yet
-    ticked.take(silence)
-    ticked.push(frame(1.0))
-    ticked.take(silence)
+    slot, silence = await stopped_seat()
+    slot.push(frame(1.0)[:1])  # a stream's first frame is partial: no jitter shown yet
+    slot.take(silence)
+    slot.push(frame(1.0))
+    slot.take(silence)
     if late_frame:
-        ticked.push(frame(1.0)[:2])  # a late frame while flowing earns a cushion
-        ticked.take(silence)
+        slot.push(frame(1.0)[:2])  # a late frame while flowing earns a cushion
+        slot.take(silence)
     for _ in range(4):  # a stall of ours: 4 frames queue up, nothing is padded
-        ticked.push(frame(2.0))
+        slot.push(frame(2.0))
     for _ in range(TRIM_WINDOW_TICKS * 2):
-        ticked.push(frame(1.0))
-        ticked.take(silence)
-    assert ticked.counters.padded == 1 + late_frame
+        slot.push(frame(1.0))
+        slot.take(silence)
+    assert slot.counters.padded == 1 + late_frame
     # At the first whole window the backlog is dropped, but for at most one frame of cushion.
-    assert ticked.counters.dropped_backlog_samples == frames_dropped * FRAME
-    assert ticked.inbound.buffered_samples == (4 - frames_dropped) * FRAME
+    assert slot.counters.dropped_backlog_samples == frames_dropped * FRAME
+    assert slot.inbound.buffered_samples == (4 - frames_dropped) * FRAME
 
 
 async def test_restart_clears_queue_and_restarts_plugin_session(clock: FakeClock) -> None:
     plugin = RecordingPlugin(clock)
     ticker = Ticker(plugin, clock=clock)
-    ticked = await ticker.open_session(RuntimeConfig(voice="a"), lambda o: None)
-    await ticker.restart_session(ticked)
+    slot = await ticker.open_slot(RuntimeConfig(voice="a"), lambda o: None)
+    await ticker.restart_slot(slot)
     await ticker.close()
     assert plugin.restarted == ["a"]
 
@@ -239,7 +239,7 @@ async def test_a_failing_step_reports_errors_and_the_clock_goes_on(clock: FakeCl
     plugin.step = flaky  # type: ignore[method-assign]
     errors: list[Exception] = []
     ticker = Ticker(plugin, clock=clock)
-    await ticker.open_session(RuntimeConfig(voice="a"), lambda o: None, errors.append)
+    await ticker.open_slot(RuntimeConfig(voice="a"), lambda o: None, errors.append)
     await wait_for_ticks(plugin, 4)
     await ticker.close()
     assert len(errors) == 1 and ticker.counters.step_errors == 1
@@ -262,9 +262,9 @@ async def test_a_config_update_is_applied_on_the_worker_thread() -> None:
     plugin = Plugin(FakeClock())
     ticker = Ticker(plugin, clock=plugin.clock)
     try:
-        ticked = await ticker.open_session(RuntimeConfig(voice="a"), lambda output: None)
-        await ticker.update_session(ticked, RuntimeConfig(voice="b"))
-        assert ticked.config.voice == "b"
-        assert ticked.plugin_session.config_set_on.startswith("ticker-")  # type: ignore[attr-defined]
+        slot = await ticker.open_slot(RuntimeConfig(voice="a"), lambda output: None)
+        await ticker.update_slot(slot, RuntimeConfig(voice="b"))
+        assert slot.config.voice == "b"
+        assert slot.plugin_session.config_set_on.startswith("ticker-")  # type: ignore[attr-defined]
     finally:
         await ticker.close()

@@ -191,8 +191,8 @@ async def test_transcript_voice_choice_and_locks(
     await connect(page)
     call = next(iter(running.agent.calls.values()))
     # The choice reached the plugin before the first frame (multipart offer).
-    assert call.ticked is not None and call.ticked.config.voice == "Bravo.pt"
-    assert call.ticked.config.instructions == "You are a patient tester."
+    assert call.slot is not None and call.slot.config.voice == "Bravo.pt"
+    assert call.slot.config.instructions == "You are a patient tester."
 
     await expect(page.locator("#transcript")).to_contain_text(
         "This is the test agent speaking.", timeout=UI_TIMEOUT_MS
@@ -210,7 +210,7 @@ async def test_transcript_voice_choice_and_locks(
     await page.fill("#persona", "You are brief.")
     await page.click("#apply-session")
     await expect(page.locator("#status")).to_contain_text("Session updated", timeout=UI_TIMEOUT_MS)
-    assert call.ticked.config.instructions == "You are brief."
+    assert call.slot.config.instructions == "You are brief."
 
     await page.click("#hangup")
     await wait_until(lambda: all_freed(running), timeout=5)

@@ -79,7 +79,7 @@ class TelephonyLeg(Leg):
         self.watchdog.media_started()
         self.watchdog.heard()
         self.chunks_in += 1
-        if self.ticked is None or len(pcm) == 0:
+        if self.slot is None or len(pcm) == 0:
             return
         self.push_caller_audio(self.assembler.push_pcm16(pcm, self.codec.sample_rate))
 
@@ -127,8 +127,8 @@ class TelephonyLeg(Leg):
                          received_at=int(time.time()))
         )
         log.info("%s dtmf %s", self.id, digit)
-        if self.ticked is not None:
-            await self.ticker.send_dtmf(self.ticked, digit)
+        if self.slot is not None:
+            await self.ticker.send_dtmf(self.slot, digit)
 
     # -- reporting --------------------------------------------------------------------------
 

@@ -196,7 +196,7 @@ async def test_stream_echoes_paced_mulaw_through_malformed_messages_and_dtmf(
     assert plugin.digits == ["7", "#"]
     assert health["active_calls"] == 1 and health["legs"]["media-stream"] == 1
     assert [(c["kind"], c["stream_sid"]) for c in listed] == [("media_stream", bridge.stream_sid)]
-    await wait_until(lambda: not running.agent.sessions and not running.agent.ticker.sessions)
+    await wait_until(lambda: not running.agent.sessions and not running.agent.ticker.slots)
     assert session.end_reason == "stop"
 
 
@@ -273,7 +273,7 @@ async def test_start_parameters_are_validated_by_the_plugin(echo_agent: RunningA
         await bridge.finished()
         assert bridge.socket.close_code == 1008
     assert [e["error"]["code"] for e in bridge.errors] == ["invalid_option"]
-    await wait_until(lambda: not echo_agent.agent.sessions and not echo_agent.agent.ticker.sessions)
+    await wait_until(lambda: not echo_agent.agent.sessions and not echo_agent.agent.ticker.slots)
 
 
 async def test_extra_body_parameter_reaches_the_plugin(echo_agent: RunningAgent) -> None:
@@ -281,9 +281,9 @@ async def test_extra_body_parameter_reaches_the_plugin(echo_agent: RunningAgent)
         bridge = await connect(http, echo_agent)
         await bridge.open({"voice": "v1", "persona": "a helpful agent",
                            "extra_body": json.dumps({"delay_frames": 2})})
-        await wait_until(lambda: any(s.ticked for s in echo_agent.agent.sessions.values()))
+        await wait_until(lambda: any(s.slot for s in echo_agent.agent.sessions.values()))
         (session,) = echo_agent.agent.sessions.values()
-        config = session.ticked.config
+        config = session.slot.config
         await bridge.socket.close()
     assert (config.voice, config.instructions, dict(config.options)) == (
         "v1", "a helpful agent", {"delay_frames": 2})
@@ -321,18 +321,18 @@ async def test_query_token_authenticates_the_socket(start_agent: AgentFactory) -
             assert response.status == 401  # query tokens are for the websocket only
         bridge = await connect(http, running, PATH + "?token=sk-telephony")
         await bridge.open()
-        await wait_until(lambda: any(s.ticked for s in running.agent.sessions.values()))
+        await wait_until(lambda: any(s.slot for s in running.agent.sessions.values()))
         await bridge.socket.close()
         bridge = await connect(http, running, headers={"Authorization": "Bearer sk-telephony"})
         await bridge.open()
-        await wait_until(lambda: any(s.ticked for s in running.agent.sessions.values()))
+        await wait_until(lambda: any(s.slot for s in running.agent.sessions.values()))
         await bridge.socket.close()
         # Twilio's <Stream url> takes no query string: the key can be the last path segment.
         async with http.get(running.url + PATH + "/wrong") as response:
             assert response.status == 401
         bridge = await connect(http, running, PATH + "/sk-telephony")
         await bridge.open()
-        await wait_until(lambda: any(s.ticked for s in running.agent.sessions.values()))
+        await wait_until(lambda: any(s.slot for s in running.agent.sessions.values()))
         await bridge.socket.close()
 
 
@@ -347,7 +347,7 @@ async def test_path_is_configurable_and_plain_get_is_refused(start_agent: AgentF
             assert response.status == 404
         bridge = await connect(http, running, "/twilio/stream")
         await bridge.open()
-        await wait_until(lambda: any(s.ticked for s in running.agent.sessions.values()))
+        await wait_until(lambda: any(s.slot for s in running.agent.sessions.values()))
         await bridge.socket.close()
     await wait_until(lambda: not running.agent.sessions)
 
@@ -357,20 +357,20 @@ async def test_closed_socket_and_shutdown_end_sessions(start_agent: AgentFactory
     async with aiohttp.ClientSession() as http:
         bridge = await connect(http, running)
         await bridge.open()
-        await wait_until(lambda: any(s.ticked for s in running.agent.sessions.values()))
+        await wait_until(lambda: any(s.slot for s in running.agent.sessions.values()))
         (session,) = running.agent.sessions.values()
         await bridge.socket.close()
-        await wait_until(lambda: not running.agent.sessions and not running.agent.ticker.sessions)
+        await wait_until(lambda: not running.agent.sessions and not running.agent.ticker.slots)
         assert session.end_reason == "socket_closed"
 
         bridge = await connect(http, running)
         await bridge.open()
-        await wait_until(lambda: any(s.ticked for s in running.agent.sessions.values()))
+        await wait_until(lambda: any(s.slot for s in running.agent.sessions.values()))
         (session,) = running.agent.sessions.values()
         await running.server.close()
         await bridge.finished()
     assert session.end_reason == "shutdown"
-    assert not running.agent.sessions and not running.agent.ticker.sessions
+    assert not running.agent.sessions and not running.agent.ticker.slots
 
 
 async def test_a_socket_that_never_starts_is_ended(start_agent: AgentFactory) -> None:

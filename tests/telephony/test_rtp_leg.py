@@ -151,7 +151,7 @@ async def test_signal_comes_back_through_reordering_loss_and_a_foreign_sender(
     echo_pcm = PCMU.decode(b"".join(p.payload for p in received)).astype(np.float32) / 32768
     echo = measure_echo(signal, echo_pcm, 8000)
     assert echo.correlation >= 0.7, echo
-    await wait_until(lambda: not echo_agent.agent.sessions and not echo_agent.agent.ticker.sessions)
+    await wait_until(lambda: not echo_agent.agent.sessions and not echo_agent.agent.ticker.slots)
     caller.transport.close()  # type: ignore[union-attr]
     intruder.transport.close()  # type: ignore[union-attr]
 
@@ -189,7 +189,7 @@ async def test_a_leg_whose_remote_goes_quiet_ends(start_agent: AgentFactory) -> 
         await wait_until(lambda: not running.agent.sessions)
         async with http.get(f"{running.url}{RTP_PATH}/{body['call_id']}") as response:
             assert response.status == 404
-    assert not running.agent.ticker.sessions
+    assert not running.agent.ticker.slots
     caller.transport.close()  # type: ignore[union-attr]
 
 
@@ -218,7 +218,7 @@ async def test_bad_requests_get_coded_errors(echo_agent: RunningAgent) -> None:
         async with http.delete(f"{echo_agent.url}{RTP_PATH}/rtp_unknown") as response:
             assert response.status == 404
             assert (await response.json())["error"]["code"] == "not_found"
-    assert not echo_agent.agent.sessions and not echo_agent.agent.ticker.sessions
+    assert not echo_agent.agent.sessions and not echo_agent.agent.ticker.slots
 
 
 def _free_even_port() -> int:
@@ -251,7 +251,7 @@ async def test_port_range_and_call_limit(start_agent: AgentFactory) -> None:
         status, again = await open_leg(http, running, {"remote": "127.0.0.1:9"})
         assert status == 201 and again["local"] == f"127.0.0.1:{port}"  # the port was freed
     await running.server.close()  # shutdown ends the leg
-    assert not running.agent.sessions and not running.agent.ticker.sessions
+    assert not running.agent.sessions and not running.agent.ticker.slots
 
 
 def key_press(digit: str, timestamp: int, first_sequence: int, ssrc: int) -> list[bytes]:
