@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from .errors import AgentError
+
 MAX_DEPTH = 32
 
 
@@ -45,4 +47,20 @@ def loads(text: str | bytes, max_depth: int = MAX_DEPTH) -> Any:
         raise ClientJsonError(f"nested more than {max_depth} levels or not UTF-8") from None
     if depth_exceeds(value, max_depth):
         raise ClientJsonError(f"nested more than {max_depth} levels") from None
+    return value
+
+
+def load_object(text: str, noun: str, key: str,
+                error: type[AgentError] = AgentError) -> dict[str, Any]:
+    """A client message that must be a JSON object with a string `key` (an event's `type`, a
+    media-stream message's `event`); `error` with a client-facing code otherwise."""
+    article = "an" if noun[:1] in "aeiou" else "a"
+    try:
+        value = loads(text)
+    except ClientJsonError as exc:
+        raise error("invalid_json", f"{noun} is not valid JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise error(f"invalid_{noun}", f"{article} {noun} must be a JSON object")
+    if not isinstance(value.get(key), str):
+        raise error(f"missing_{key}", f"{article} {noun} needs a string '{key}'", param=key)
     return value

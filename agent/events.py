@@ -95,14 +95,7 @@ def parse_client_event(raw: str | bytes) -> dict[str, Any]:
             raise AgentError("invalid_json", "events must be UTF-8 JSON text") from None
     if len(raw.encode("utf-8")) > MAX_CLIENT_EVENT_BYTES:
         raise AgentError("message_too_large", "events are limited to 64 KiB")
-    try:
-        event = client_json.loads(raw)
-    except client_json.ClientJsonError as exc:
-        raise AgentError("invalid_json", f"event is not valid JSON: {exc}") from None
-    if not isinstance(event, dict):
-        raise AgentError("invalid_event", "an event must be a JSON object")
-    if not isinstance(event.get("type"), str):
-        raise AgentError("missing_type", "an event needs a string 'type'", param="type")
+    event = client_json.load_object(raw, "event", "type")
     client_event_id = event.get("event_id")
     if client_event_id is not None and not isinstance(client_event_id, str):
         raise AgentError("invalid_type", "'event_id' must be a string", param="event_id")

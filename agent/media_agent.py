@@ -10,25 +10,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import aiortc
-from aiortc import RTCConfiguration, RTCIceServer, RTCPeerConnection, RTCSessionDescription
+from aiortc import RTCConfiguration, RTCIceServer, RTCPeerConnection
 
 from .call_settings import CallSettings
 from .errors import CallError
 from .leg import Leg, media_counts, prepare_config
 from .leg_registry import LegRegistry
 from .plugins.base import Plugin, PluginError, SessionConfig
-from .rtc_tuning import (
-    AUDIO_CODECS,
-    accept_rsa_dtls_peers,
-    decode_audio_inline,
-    is_no_common_codec,
-    missing_internals,
-    negotiated_codecs,
-    restrict_codecs,
-    set_audio_jitter_prefetch,
-)
-from .encoding import supports_inline
-from .sdp import check_offer_sdp, with_explicit_directions
+from .rtc_tuning import AUDIO_CODECS, accept_rsa_dtls_peers, missing_internals
+from .sdp import check_offer_sdp
 from .metrics import AgentMetrics
 from .ticker import Ticker
 from .webrtc_leg import WebRtcLeg, new_call_id
@@ -118,7 +108,7 @@ class MediaAgent:
                          self.legs)
         try:
             try:
-                await self._negotiate(pc, call, sdp)
+                await call.accept_offer(sdp, self.settings)
             except BaseException:
                 self.plugin.discard_runtime_config(prepared.runtime_config)
                 raise
@@ -131,41 +121,6 @@ class MediaAgent:
         self.legs.add(call)
         call.start_watchdog()
         return call, pc.localDescription.sdp
-
-    async def _negotiate(self, pc: RTCPeerConnection, call: WebRtcLeg, sdp: str) -> None:
-        try:
-            await pc.setRemoteDescription(
-                RTCSessionDescription(sdp=with_explicit_directions(sdp), type="offer"))
-        except Exception as exc:
-            if is_no_common_codec(exc):
-                raise CallError(
-                    "no_common_codec", "none of the offered audio codecs is supported"
-                ) from None
-            raise CallError("invalid_sdp", f"the offer could not be used: {exc}") from None
-        audio = [t for t in pc.getTransceivers() if t.kind == "audio"]
-        for transceiver in pc.getTransceivers():
-            if transceiver.kind != "audio":
-                transceiver.direction = "inactive"  # no video: don't receive or decode it
-        if not audio:
-            raise CallError("no_audio", "the offer has no usable audio m-line")
-        main = audio[0]
-        remaining = restrict_codecs(main, list(self.settings.codecs))
-        if not remaining:
-            raise CallError(
-                "no_common_codec",
-                f"none of the offered codecs is accepted (agent accepts {', '.join(self.settings.codecs)})",
-            )
-        for extra in audio[1:]:
-            extra.direction = "inactive"
-        set_audio_jitter_prefetch(main.receiver, self.settings.jitter_prefetch_packets)
-        if self.settings.inline_decoding:
-            call.inbound_decoding = decode_audio_inline(main.receiver)
-        main.direction = "sendrecv"
-        main.sender.replaceTrack(call.track)
-        codec = negotiated_codecs(main)[0]
-        if self.settings.inline_encoding and supports_inline(codec.mimeType):
-            call.track.use_inline_encoder(codec.mimeType)
-        call.codec = codec.mimeType.split("/")[-1]
 
     def _leg_started(self, leg: Leg) -> None:
         self.metrics.call_started(leg.transport)

@@ -14,20 +14,25 @@ import secrets
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from aiortc import RTCDataChannel, RTCPeerConnection
+from aiortc import RTCDataChannel, RTCPeerConnection, RTCSessionDescription
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
+from . import rtc_tuning
 from .call_settings import CallSettings
+from .encoding import supports_inline
+from .errors import CallError
 from .events import error_event
 from .leg import Leg, playout_stats
 from .outbound import AgentAudioTrack
 from .plugins.base import Plugin, StepOutput
 from .realtime_protocol import RealtimeProtocol
 from .rtc_tuning import InlineAudioDecoding
+from .sdp import with_explicit_directions
 from .ticker import Ticker
 
 if TYPE_CHECKING:
     from .leg_registry import LegRegistry
+    from .media_agent import AgentSettings
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +84,45 @@ class WebRtcLeg(Leg):
         except (asyncio.TimeoutError, Exception) as exc:
             log.warning("call %s: peer connection close: %r", self.id, exc)
         self.realtime.detach()
+
+    async def accept_offer(self, sdp: str, settings: AgentSettings) -> None:
+        """Apply the caller's offer: audio only, our codecs, the tuned receive path, our
+        track on the first audio m-line (CallError with a code when the offer is unusable)."""
+        pc = self.pc
+        try:
+            await pc.setRemoteDescription(
+                RTCSessionDescription(sdp=with_explicit_directions(sdp), type="offer"))
+        except Exception as exc:
+            if rtc_tuning.is_no_common_codec(exc):
+                raise CallError(
+                    "no_common_codec", "none of the offered audio codecs is supported"
+                ) from None
+            raise CallError("invalid_sdp", f"the offer could not be used: {exc}") from None
+        audio = [t for t in pc.getTransceivers() if t.kind == "audio"]
+        for transceiver in pc.getTransceivers():
+            if transceiver.kind != "audio":
+                transceiver.direction = "inactive"  # no video: don't receive or decode it
+        if not audio:
+            raise CallError("no_audio", "the offer has no usable audio m-line")
+        main = audio[0]
+        remaining = rtc_tuning.restrict_codecs(main, list(settings.codecs))
+        if not remaining:
+            raise CallError(
+                "no_common_codec",
+                f"none of the offered codecs is accepted (agent accepts {', '.join(settings.codecs)})",
+            )
+        for extra in audio[1:]:
+            extra.direction = "inactive"
+        rtc_tuning.set_audio_jitter_prefetch(main.receiver, settings.jitter_prefetch_packets)
+        if settings.inline_decoding:
+            self.inbound_decoding = rtc_tuning.decode_audio_inline(main.receiver)
+        main.direction = "sendrecv"
+        main.sender.replaceTrack(self.track)
+        codec = rtc_tuning.negotiated_codecs(main)[0]
+        if settings.inline_encoding and supports_inline(codec.mimeType):
+            self.track.use_inline_encoder(codec.mimeType)
+        self.codec = codec.mimeType.split("/")[-1]
+
 
     # -- media ------------------------------------------------------------------------------
 

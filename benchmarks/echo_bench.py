@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import signal
 import statistics
 import subprocess
 import sys
@@ -30,7 +29,7 @@ import urllib.request
 from contextlib import contextmanager
 from typing import Any, Iterator
 
-from harness import ROOT, cpu_seconds, free_port, taskset, wait_for_port
+from harness import ROOT, cpu_seconds, free_port, server_on_core0, taskset
 
 GAP_LIMIT_MS = 60.0
 
@@ -46,18 +45,9 @@ def server(kind: str, extra: list[str] | None = None) -> Iterator[str]:
                    "127.0.0.1", "--log-level", "WARNING", *(extra or [])]
     else:
         command = [sys.executable, "benchmarks/plain_aiortc_echo.py", "--port", str(port)]
-    process = subprocess.Popen(taskset("0") + command, cwd=ROOT, stdout=subprocess.DEVNULL,
-                               stderr=subprocess.DEVNULL)
-    SERVER_PIDS.append(process.pid)
-    try:
-        wait_for_port(port)
+    with server_on_core0(command, port) as pid:
+        SERVER_PIDS.append(pid)
         yield f"http://127.0.0.1:{port}"
-    finally:
-        process.send_signal(signal.SIGINT)
-        try:
-            process.wait(10)
-        except subprocess.TimeoutExpired:
-            process.kill()
 
 
 async def run_callers(url: str, count: int, seconds: float, codec: str,

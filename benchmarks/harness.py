@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import os
+import signal
 import socket
+import subprocess
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -36,3 +40,20 @@ def cpu_seconds(pid: int) -> float:
     """User + system CPU time of a process and all its threads, from /proc."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+@contextmanager
+def server_on_core0(command: list[str], port: int) -> Iterator[int]:
+    """A server process pinned to core 0, once `port` accepts; its pid. Stopped with SIGINT
+    (killed after 10 s) on the way out."""
+    process = subprocess.Popen(taskset("0") + command, cwd=ROOT, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL)
+    try:
+        wait_for_port(port)
+        yield process.pid
+    finally:
+        process.send_signal(signal.SIGINT)
+        try:
+            process.wait(10)
+        except subprocess.TimeoutExpired:
+            process.kill()

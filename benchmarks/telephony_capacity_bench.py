@@ -21,7 +21,6 @@ import argparse
 import asyncio
 import base64
 import json
-import signal
 import subprocess
 import sys
 import time
@@ -29,7 +28,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
-from harness import ROOT, cpu_seconds, free_port, taskset, wait_for_port
+from harness import ROOT, cpu_seconds, free_port, server_on_core0, taskset
 
 sys.path.insert(0, str(ROOT))
 
@@ -44,21 +43,12 @@ TAIL_SECONDS = 0.6  # keep listening after the last chunk so its echo can come b
 @contextmanager
 def agent_server() -> Iterator[tuple[str, int]]:
     port = free_port()
-    command = taskset("0") + [
+    command = [
         sys.executable, "-m", "signaling", "--port", str(port), "--log-level", "WARNING",
         "--rtp-ports", "42000-43999", "--idle-timeout", "30",
     ]
-    process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL,
-                               stderr=subprocess.DEVNULL)
-    try:
-        wait_for_port(port)
-        yield f"http://127.0.0.1:{port}", process.pid
-    finally:
-        process.send_signal(signal.SIGINT)
-        try:
-            process.wait(10)
-        except subprocess.TimeoutExpired:
-            process.kill()
+    with server_on_core0(command, port) as pid:
+        yield f"http://127.0.0.1:{port}", pid
 
 
 # -- the client side (runs in its own process, on core 1) ----------------------------------

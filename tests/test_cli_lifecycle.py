@@ -5,56 +5,26 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
-import socket
 import sys
 
 import pytest
 
-
-def free_tcp_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-async def read_until(stream: asyncio.StreamReader, marker: str, lines: list[str]) -> None:
-    while True:
-        line = (await stream.readline()).decode()
-        if not line:
-            raise AssertionError("process ended early:\n" + "".join(lines))
-        lines.append(line)
-        if marker in line:
-            return
+from server_process import free_tcp_port, read_until, running_server, start_peer
 
 
 @pytest.mark.parametrize("stop_signal", [signal.SIGTERM, signal.SIGINT])
 async def test_peer_cli_call_then_graceful_stop_mid_call(stop_signal: signal.Signals) -> None:
-    port = free_tcp_port()
-    server = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "signaling", "--port", str(port), "--ice-host", "127.0.0.1",
-        "--drain-seconds", "1",
-        stderr=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.DEVNULL,
-    )
-    lines: list[str] = []
-    assert server.stderr is not None
-    try:
-        await asyncio.wait_for(read_until(server.stderr, "serving plugin echo", lines), 60)
-        url = f"http://127.0.0.1:{port}"
+    async with running_server("--drain-seconds", "1") as (server, url, lines):
+        assert server.stderr is not None
         # A complete call through the CLI peer: JSON report, exit 0.
-        peer = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "agent.peer", url, "--seconds", "3", "--json",
-            "--ice-host", "127.0.0.1", stdout=asyncio.subprocess.PIPE,
-        )
+        peer = await start_peer(url, "--seconds", "3")
         out, _ = await asyncio.wait_for(peer.communicate(), 60)
         report = json.loads(out)
         assert peer.returncode == 0 and report["ok"] and report["connected"]
         assert report["seconds_received"] > 2 and report["correlation"] >= 0.8
         await asyncio.wait_for(read_until(server.stderr, " end reason=", lines), 20)
         # A second call is cut by the server stopping: every call closed, exit status 0.
-        peer = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "agent.peer", url, "--seconds", "30", "--json",
-            "--ice-host", "127.0.0.1", stdout=asyncio.subprocess.PIPE,
-        )
+        peer = await start_peer(url, "--seconds", "30")
         await asyncio.wait_for(read_until(server.stderr, " start plugin=echo", lines), 60)
         await asyncio.sleep(1.0)
         server.send_signal(stop_signal)
@@ -67,10 +37,6 @@ async def test_peer_cli_call_then_graceful_stop_mid_call(stop_signal: signal.Sig
         # The peer saw its call end early: it says so and exits non-zero.
         report = json.loads(out)
         assert peer.returncode != 0 and report["error"]
-    finally:
-        if server.returncode is None:
-            server.kill()
-            await server.wait()
 
 
 async def test_peer_cli_fails_with_nonzero_exit_when_nobody_answers() -> None:

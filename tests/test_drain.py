@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
-import sys
 import time
 
 import aiohttp
@@ -16,26 +15,7 @@ from signaling.auth import AuthSettings
 from signaling.drain import DRAIN_KEY
 
 from support import AgentFactory, wait_until
-from test_cli_lifecycle import free_tcp_port, read_until
-
-
-async def start_server(*flags: str) -> tuple[asyncio.subprocess.Process, str, list[str]]:
-    port = free_tcp_port()
-    server = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "signaling", "--port", str(port), "--ice-host", "127.0.0.1",
-        *flags, stderr=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.DEVNULL,
-    )
-    lines: list[str] = []
-    assert server.stderr is not None
-    await asyncio.wait_for(read_until(server.stderr, "serving plugin echo", lines), 60)
-    return server, f"http://127.0.0.1:{port}", lines
-
-
-async def start_peer(url: str, seconds: float) -> asyncio.subprocess.Process:
-    return await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "agent.peer", url, "--seconds", str(seconds), "--json",
-        "--ice-host", "127.0.0.1", stdout=asyncio.subprocess.PIPE,
-    )
+from server_process import running_server, start_peer
 
 
 async def wait_for_calls(url: str, count: int) -> None:
@@ -51,10 +31,9 @@ async def wait_for_calls(url: str, count: int) -> None:
 
 
 async def test_sigterm_drains_live_calls_then_exits_0() -> None:
-    server, url, lines = await start_server("--drain-seconds", "6")
-    try:
-        short = await start_peer(url, 4)   # ends by itself during the drain
-        long = await start_peer(url, 30)   # outlives the drain: told, then ended
+    async with running_server("--drain-seconds", "6") as (server, url, _):
+        short = await start_peer(url, "--seconds", "4")   # ends by itself during the drain
+        long = await start_peer(url, "--seconds", "30")   # outlives the drain: told, then ended
         await wait_for_calls(url, 2)
         server.send_signal(signal.SIGTERM)
         signalled = time.monotonic()
@@ -81,16 +60,11 @@ async def test_sigterm_drains_live_calls_then_exits_0() -> None:
         assert 5.0 <= elapsed < 40, elapsed  # waited for the deadline, not forever
         rest = (await server.stderr.read()).decode()  # type: ignore[union-attr]
         assert "reason=server_draining" in rest
-    finally:
-        if server.returncode is None:
-            server.kill()
-            await server.wait()
 
 
 async def test_idle_server_exits_at_once_on_sigterm_and_second_sigterm_cuts_a_drain() -> None:
-    server, url, _ = await start_server("--drain-seconds", "60")
-    try:
-        peer = await start_peer(url, 60)
+    async with running_server("--drain-seconds", "60") as (server, url, _):
+        peer = await start_peer(url, "--seconds", "60")
         await wait_for_calls(url, 1)
         server.send_signal(signal.SIGTERM)
         await asyncio.sleep(1.0)
@@ -100,19 +74,10 @@ async def test_idle_server_exits_at_once_on_sigterm_and_second_sigterm_cuts_a_dr
         rest = (await server.stderr.read()).decode()  # type: ignore[union-attr]
         assert "reason=shutdown" in rest
         await asyncio.wait_for(peer.communicate(), 60)
-    finally:
-        if server.returncode is None:
-            server.kill()
-            await server.wait()
     # No call: SIGTERM exits straight away.
-    server, url, _ = await start_server("--drain-seconds", "60")
-    try:
+    async with running_server("--drain-seconds", "60") as (server, url, _):
         server.send_signal(signal.SIGTERM)
         assert await asyncio.wait_for(server.wait(), 30) == 0
-    finally:
-        if server.returncode is None:
-            server.kill()
-            await server.wait()
 
 
 async def test_admin_drain_needs_the_operator_key_and_refuses_new_calls(

@@ -5,14 +5,13 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import sys
 
 from agent.webrtc_leg import new_call_id
 from agent.json_log import JsonFormatter
 from agent.testing.peer import run_call
 from agent.task_owner import TaskOwner
 
-from test_cli_lifecycle import free_tcp_port, read_until
+from server_process import read_until, running_server
 
 
 def test_formatter_takes_the_call_id_from_the_task_and_fields_from_the_message() -> None:
@@ -44,23 +43,11 @@ def test_formatter_takes_the_call_id_from_the_task_and_fields_from_the_message()
 
 
 async def test_server_logs_json_lines_with_call_ids() -> None:
-    port = free_tcp_port()
-    server = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "signaling", "--port", str(port), "--ice-host", "127.0.0.1",
-        "--log-format", "json", stderr=asyncio.subprocess.PIPE,
-        stdout=asyncio.subprocess.DEVNULL,
-    )
-    lines: list[str] = []
-    assert server.stderr is not None
-    try:
-        await asyncio.wait_for(read_until(server.stderr, "serving plugin echo", lines), 60)
-        report, _, _ = await run_call(f"http://127.0.0.1:{port}", seconds=1.5)
+    async with running_server("--log-format", "json") as (server, url, lines):
+        assert server.stderr is not None
+        report, _, _ = await run_call(url, seconds=1.5)
         assert report.ok, report.error
         await asyncio.wait_for(read_until(server.stderr, "reason=", lines), 30)
-    finally:
-        if server.returncode is None:
-            server.terminate()
-            await server.wait()
     objects = [json.loads(line) for line in lines]  # every line is one JSON object
     assert all({"time", "level", "logger", "call_id", "event", "fields"} <= set(o)
                for o in objects)

@@ -3,26 +3,17 @@
 from __future__ import annotations
 
 import asyncio
-import sys
 
 import aiohttp
 
-from test_cli_lifecycle import free_tcp_port, read_until
+from server_process import read_until, running_server
 
 KEY = "sk-process-secret-1"
 
 
 async def test_request_lines_are_logged_without_keys() -> None:
-    port = free_tcp_port()
-    server = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "signaling", "--port", str(port), "--api-key", KEY,
-        stderr=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.DEVNULL,
-    )
-    lines: list[str] = []
-    assert server.stderr is not None
-    try:
-        await asyncio.wait_for(read_until(server.stderr, "serving plugin echo", lines), 60)
-        url = f"http://127.0.0.1:{port}"
+    async with running_server("--api-key", KEY) as (server, url, lines):
+        assert server.stderr is not None
         async with aiohttp.ClientSession() as http:
             for path in (f"/v1/telephony/media-stream?token={KEY}",
                          f"/v1/telephony/media-stream/{KEY}",
@@ -36,6 +27,3 @@ async def test_request_lines_are_logged_without_keys() -> None:
         log = "".join(lines)
         assert "/v1/telephony/media-stream/***" in log and "token=***" in log
         assert KEY not in log and "hunter2" not in log
-    finally:
-        server.terminate()
-        await asyncio.wait_for(server.wait(), 30)

@@ -12,7 +12,7 @@ from aiohttp import web
 from signaling import slow_clients
 from signaling.auth import AuthSettings
 from support import AgentFactory, RunningAgent
-from test_cli_lifecycle import free_tcp_port, read_until
+from server_process import free_tcp_port, read_until
 
 
 async def _dribble_until_closed(host: str, port: int, head: bytes, trickle: bytes,

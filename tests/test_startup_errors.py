@@ -12,7 +12,7 @@ import torch
 
 from agent.plugins.personaplex.tiny_checkpoint import write_checkpoint
 
-from test_cli_lifecycle import free_tcp_port
+from server_process import free_tcp_port
 
 ROOT = Path(__file__).resolve().parent.parent
 

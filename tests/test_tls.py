@@ -18,7 +18,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from test_cli_lifecycle import free_tcp_port, read_until
+from server_process import free_tcp_port, running_server, start_peer
 
 
 def self_signed(directory: Path) -> tuple[Path, Path]:
@@ -43,29 +43,16 @@ def self_signed(directory: Path) -> tuple[Path, Path]:
     return cert_path, key_path
 
 
-async def run_peer(*argv: str) -> tuple[int, dict]:
-    peer = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "agent.peer", *argv, "--json", "--ice-host", "127.0.0.1",
-        stdout=asyncio.subprocess.PIPE,
-    )
+async def run_peer(url: str, *argv: str) -> tuple[int, dict]:
+    peer = await start_peer(url, *argv)
     out, _ = await asyncio.wait_for(peer.communicate(), 60)
     return peer.returncode or 0, json.loads(out)
 
 
 async def test_https_server_serves_pages_and_calls(tmp_path: Path) -> None:
     cert, key = self_signed(tmp_path)
-    port = free_tcp_port()
-    server = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "signaling", "--port", str(port), "--ice-host", "127.0.0.1",
-        "--tls-cert", str(cert), "--tls-key", str(key),
-        stderr=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.DEVNULL,
-    )
-    lines: list[str] = []
-    assert server.stderr is not None
-    try:
-        await asyncio.wait_for(read_until(server.stderr, "serving plugin echo on https://",
-                                          lines), 60)
-        url = f"https://127.0.0.1:{port}"
+    async with running_server("--tls-cert", str(cert), "--tls-key", str(key), scheme="https",
+                              ready="serving plugin echo on https://") as (server, url, _):
         trusted = ssl.create_default_context(cafile=str(cert))
         async with aiohttp.ClientSession() as http:
             async with http.get(url + "/health", ssl=trusted) as response:
@@ -82,10 +69,6 @@ async def test_https_server_serves_pages_and_calls(tmp_path: Path) -> None:
         assert code == 1 and not report["connected"] and "certificate" in report["error"].lower()
         server.send_signal(signal.SIGTERM)
         assert await asyncio.wait_for(server.wait(), 30) == 0
-    finally:
-        if server.returncode is None:
-            server.kill()
-            await server.wait()
 
 
 @pytest.mark.parametrize("flags, says", [

@@ -234,15 +234,7 @@ def parse_message(raw: str | bytes) -> dict[str, Any]:
     if len(raw) > MAX_MESSAGE_BYTES:
         raise ProtocolError("message_too_large",
                             f"messages are limited to {MAX_MESSAGE_BYTES} bytes")
-    try:
-        message = client_json.loads(raw)
-    except client_json.ClientJsonError as exc:
-        raise ProtocolError("invalid_json", f"message is not valid JSON: {exc}") from None
-    if not isinstance(message, dict):
-        raise ProtocolError("invalid_message", "a message must be a JSON object")
-    if not isinstance(message.get("event"), str):
-        raise ProtocolError("missing_event", "a message needs a string 'event'")
-    return message
+    return client_json.load_object(raw, "message", "event", ProtocolError)
 
 
 def _object_field(message: dict[str, Any], key: str) -> dict[str, Any]:
