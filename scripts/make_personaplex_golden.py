@@ -7,7 +7,8 @@ NVIDIA/personaplex repository, `moshi/moshi`); nothing of it is copied here. The
 the tiny checkpoint with our generator (deterministic for its seed), loads the same LM weights
 into NVIDIA's `LMModel` (fused attention names, as its loader expects), runs its `LMGen` on
 CPU in float32 with greedy decoding through the whole system prompt (voice prompt embeddings
-and token cache, 6 silence frames, persona tokens, 6 silence frames), then feeds seeded user
+and token cache, or a voice recording's Mimi codes; 6 silence frames, persona tokens, 6 silence
+frames), then feeds seeded user
 codes one frame at a time. Per caller frame it records the text id, the 8 agent codes and the
 decision margins (top-1 minus top-2 logit), into tests/personaplex/fixtures/golden_prefill.json.
 """
@@ -23,6 +24,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from safetensors.torch import load_file
 
@@ -43,7 +45,30 @@ CASES: dict[str, dict[str, Any]] = {
                            "persona": "<system> You are already wrapped. <system>",
                            "user_seed": 12},
     "persona_without_voice": {"voice": None, "persona": "Just a persona.", "user_seed": 13},
+    # A voice recording (.wav): its frames of Mimi codes go through the reference's
+    # voice-from-audio path. The codes are seeded here and handed to that path by a stand-in
+    # for Mimi (our Mimi is checked against the reference Mimi by the parity tests).
+    "voice_audio_codes_and_persona": {"voice": None, "voice_codes_seed": 21, "voice_frames": 9,
+                                      "persona": "You speak with a recorded voice.",
+                                      "user_seed": 14},
 }
+
+
+class CodesAsMimi:
+    """Hands NVIDIA's `_encode_voice_prompt_frames` fixed codes, one frame per encode."""
+
+    def __init__(self, codes: torch.Tensor) -> None:
+        self.codes = codes  # [1, 8, T]
+        self.index = 0
+
+    def parameters(self) -> Any:
+        yield torch.zeros(1)
+
+    def encode(self, batch: torch.Tensor) -> torch.Tensor:
+        assert batch.shape[-1] == 1920, batch.shape
+        frame = self.codes[:, :, self.index : self.index + 1]
+        self.index += 1
+        return frame
 
 
 def fused_state(path: Path) -> dict[str, torch.Tensor]:
@@ -111,11 +136,21 @@ def main() -> None:
                 torch.save({"embeddings": voice["embeddings"].float(), "cache": voice["cache"]},
                            widened)
                 gen.load_voice_prompt_embeddings(str(widened))
+            mimi: Any = None
+            if "voice_codes_seed" in case:
+                codes = torch.randint(0, kwargs["card"], (1, 8, case["voice_frames"]),
+                                      generator=torch.Generator().manual_seed(
+                                          case["voice_codes_seed"]))
+                case = {**case, "voice_codes": codes[0].T.tolist()}  # [T, 8]
+                gen.voice_prompt = "voice.wav"
+                gen.voice_prompt_audio = np.zeros((1, 1920 * case["voice_frames"]),
+                                                  dtype=np.float32)
+                mimi = CodesAsMimi(codes)
             user = torch.randint(0, kwargs["card"], (1, 8, CALLER_FRAMES),
                                  generator=torch.Generator().manual_seed(case["user_seed"]))
             frames: list[dict[str, Any]] = []
             with torch.no_grad(), gen.streaming(1):
-                gen.step_system_prompts(mimi=None)
+                gen.step_system_prompts(mimi=mimi)
                 for index in range(CALLER_FRAMES):
                     out, logits = gen.step(input_tokens=user[:, :, index : index + 1])
                     if out is None:
@@ -129,6 +164,18 @@ def main() -> None:
                         "text_margin": margin(text_logits),
                         "audio_margins": [margin(audio_logits[0, k]) for k in range(8)],
                     })
+            if mimi is not None:
+                # Where the voice stage alone leaves the codes: the token cache after it.
+                alone = nv_lm.LMGen(reference, device="cpu", use_sampling=False,
+                                    audio_silence_frame_cnt=SILENCE_FRAMES, sample_rate=24000)
+                alone.voice_prompt = gen.voice_prompt
+                alone.voice_prompt_audio = gen.voice_prompt_audio
+                with torch.no_grad(), alone.streaming(1):
+                    alone._step_voice_prompt(CodesAsMimi(mimi.codes))
+                    state = alone._streaming_state
+                    case = {**case, "after_voice": {"offset": int(state.offset),
+                                                    "cache": state.cache[0].tolist(),
+                                                    "delays": list(reference.delays)}}
             cases_out[name] = {**case, "persona_tokens": tokens,
                                "user_codes": user[0].tolist(), "frames": frames}
     fixture = {

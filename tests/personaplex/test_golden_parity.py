@@ -47,7 +47,9 @@ def plan_for(checkpoint: Path, case: dict[str, Any]) -> PromptPlan:
     if case["voice"] is not None:
         raw = torch.load(checkpoint / "voices" / case["voice"], map_location="cpu")
         voice = VoicePrompt(embeddings=raw["embeddings"], cache=raw["cache"])
-    return PromptPlan(voice=voice, text_tokens=tokens, silence_frames=FIXTURE["silence_frames"])
+    codes = case.get("voice_codes")  # a voice recording's Mimi codes, [T, 8]
+    return PromptPlan(voice=voice, text_tokens=tokens, silence_frames=FIXTURE["silence_frames"],
+                      voice_codes=torch.tensor(codes) if codes is not None else None)
 
 
 def expected_frames(case: dict[str, Any]) -> list[list[int]]:
@@ -110,3 +112,27 @@ def test_a_call_joining_a_batch_midway_matches_the_reference_and_disturbs_nobody
         got_second.append(row(out, 1))
     assert got_first == expected_frames(first)
     assert got_second == expected_frames(second)[: len(got_second)]
+
+
+def test_a_voice_recordings_codes_land_where_the_reference_puts_them(checkpoint: Path) -> None:
+    """The tiny model's greedy choices barely depend on agent codes, so the frames above would
+    not notice codes in the wrong columns: compare the token cache after the voice stage."""
+    case = FIXTURE["cases"]["voice_audio_codes_and_persona"]
+    reference = case["after_voice"]
+    codes = torch.tensor(case["voice_codes"])
+    lm = lm_config.load_lm(lm_config.load_checkpoint_info(checkpoint), "cpu", torch.float32)
+    stepper = LMStepper(lm, 1)
+    run_prefill(stepper, 0, PromptPlan(voice=None, text_tokens=(), silence_frames=0,
+                                       voice_codes=codes))
+    assert stepper.state is not None
+    ours = stepper.state["tokens"][0]
+    ref_cache = torch.tensor(reference["cache"])
+    delays = reference["delays"]
+    assert list(lm.delays) == delays
+    frames = codes.shape[0]
+    for frame in range(frames - 2, frames):  # what the 4-column rings still hold
+        for row in range(1, 9):
+            column = frame + delays[row]
+            expected = int(ref_cache[row, column % ref_cache.shape[-1]])
+            assert expected == int(codes[frame, row - 1])
+            assert int(ours[row, column % ours.shape[-1]]) == expected, (frame, row)

@@ -1,8 +1,10 @@
 """The PersonaPlex prompt (prefill) and its per-(voice, persona) snapshots.
 
 Prefill, as the released model was trained to see it:
-1. the voice prompt: T stored input embeddings replayed through the temporal transformer, then
-   the saved token cache restored;
+1. the voice prompt: from a `.pt` file, T stored input embeddings replayed through the
+   temporal transformer, then the saved token cache restored; from audio (a `.wav`, see
+   voice_audio.py), its T frames of Mimi codes forced on the agent rows (user rows = sine
+   tokens, text = pad), which is how NVIDIA's reference made the `.pt` files;
 2. 6 silence frames (agent rows = Mimi silence tokens, user rows = sine tokens, text = pad);
 3. the persona `<system> ... <system>`, SentencePiece tokens forced on the text row, one per
    frame (agent silence, user sine);
@@ -59,18 +61,25 @@ class VoicePrompt:
 
 @dataclass(frozen=True)
 class PromptPlan:
-    """What to prefill: an optional voice prompt and the persona's text tokens."""
+    """What to prefill: an optional voice prompt (stored embeddings, or the Mimi codes of a
+    voice recording, [T, agent codebooks]) and the persona's text tokens."""
 
     voice: VoicePrompt | None
     text_tokens: tuple[int, ...]
     silence_frames: int = SILENCE_FRAMES
+    voice_codes: torch.Tensor | None = None
+
+    def __post_init__(self) -> None:
+        if self.voice is not None and self.voice_codes is not None:
+            raise ValueError("a prompt has one voice: stored embeddings or audio codes")
 
     @property
     def frames(self) -> int:
-        """Prefill steps = T + 2 * silence + len(persona tokens), one fewer without a voice
-        (the reference's first call discards the first silence frame; see `run_prefill`)."""
+        """Prefill steps = T + 2 * silence + len(persona tokens), one fewer unless the voice is
+        replayed from embeddings (the reference's discarded first call; see `run_prefill`)."""
         voice = self.voice.frames if self.voice is not None else 0
-        return voice + 2 * self.silence_frames + len(self.text_tokens) - (self.voice is None)
+        audio = int(self.voice_codes.shape[0]) if self.voice_codes is not None else 0
+        return voice + audio + 2 * self.silence_frames + len(self.text_tokens) - (self.voice is None)
 
 
 def persona_tokens(tokenizer: object, persona: str) -> tuple[int, ...]:
@@ -110,8 +119,9 @@ def run_prefill(stepper: LMStepper, slot: int, plan: PromptPlan,
     rest of the call). Hence:
     - with a voice prompt, its discarded first call carried dummy tokens, and the replay and
       every prompt frame map one to one onto our steps;
-    - without one, the discarded call is the first silence frame, which never reaches the
-      model: we start at the second.
+    - otherwise the discarded call is the prompt's first frame (the voice recording's first
+      frame of codes, or the first silence frame), which never reaches the model: we start at
+      the second.
     A caller's frame f then lands in the column right after the prompt's last frame, as there.
     """
     step = step or stepper.step
@@ -151,16 +161,21 @@ def run_prefill(stepper: LMStepper, slot: int, plan: PromptPlan,
                  input_embeddings=given, embeddings_mask=mask, active=active)
         stepper.restore_token_cache(slot, plan.voice.cache[0])
 
-    frames: list[torch.Tensor] = [pad] * plan.silence_frames
+    frames: list[tuple[torch.Tensor, torch.Tensor]] = []  # (forced text, forced agent codes)
+    if plan.voice_codes is not None:
+        codes = plan.voice_codes.to(device=device, dtype=torch.long)
+        frames += [(pad, spread(codes[index : index + 1, :n_agent], NOT_FORCED))
+                   for index in range(codes.shape[0])]
+    frames += [(pad, silence)] * plan.silence_frames
     for token in plan.text_tokens:
         text = torch.full((batch,), NOT_FORCED, dtype=torch.long, device=device)
         text[slot] = token
-        frames.append(text)
-    frames += [pad] * plan.silence_frames
+        frames.append((text, silence))
+    frames += [(pad, silence)] * plan.silence_frames
     if plan.voice is None:
         frames = frames[1:]  # the reference's discarded first call
-    for text in frames:
-        step(sine, forced_text=text, forced_agent=silence, active=active)
+    for text, agent in frames:
+        step(sine, forced_text=text, forced_agent=agent, active=active)
 
 
 def detached_copy(model: nn.Module) -> nn.Module:
