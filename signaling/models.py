@@ -23,6 +23,7 @@ def model_entry(request: web.Request) -> dict[str, Any]:
         "owned_by": "duplex-agent",
         "plugin": agent.plugin.id,
         "voices": list(capabilities.voices),
+        "voice_kinds": dict(capabilities.voice_kinds),
         "default_voice": capabilities.default_voice,
         "capabilities": capabilities.to_dict(),
     }

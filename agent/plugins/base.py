@@ -97,6 +97,8 @@ class Capabilities:
     max_sessions: int = 0  # 0 = no plugin-side limit
     emits_text: bool = False
     voices: tuple[str, ...] = ()
+    # What each voice is, where a plugin has several kinds (e.g. "embeddings", "recording").
+    voice_kinds: tuple[tuple[str, str], ...] = ()
     default_voice: str | None = None
     voice_update: bool = False
     instructions_update: bool = False
@@ -114,6 +116,7 @@ class Capabilities:
             "max_sessions": self.max_sessions,
             "emits_text": self.emits_text,
             "voices": list(self.voices),
+            "voice_kinds": dict(self.voice_kinds),
             "default_voice": self.default_voice,
             "voice_update": self.voice_update,
             "instructions_update": self.instructions_update,

@@ -84,7 +84,8 @@ def _voices(model_dir: Path) -> dict[str, Path | bytes]:
     voices: dict[str, Path | bytes] = {}
     folder = model_dir / VOICES_DIR
     if folder.is_dir():
-        voices.update({p.name: p for p in folder.glob("*.pt") if p.is_file()})
+        voices.update({p.name: p for pattern in ("*.pt", "*.wav") for p in folder.glob(pattern)
+                       if p.is_file() and not p.name.startswith(".")})
     archive = model_dir / VOICES_ARCHIVE
     if not voices and archive.is_file():
         try:

@@ -17,6 +17,7 @@ import logging
 import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
@@ -35,7 +36,10 @@ from ..base import (
     StepOutput,
 )
 from . import checkpoint, lm_config, mimi_config, policy
-from .prompt import PromptCache, PromptKey, PromptPlan, VoicePrompt, check_voice_prompt, persona_tokens
+from .prompt import (
+    PromptCache, PromptKey, PromptPlan, VoicePrompt, check_voice_prompt, detached_copy, persona_tokens,
+)
+from .voice_audio import encode_voice, read_voice_audio
 from .sampling import SamplingConfig
 from .stepper import BatchedStepper, FrameResult, SlotHandle
 
@@ -209,23 +213,33 @@ class PersonaPlexPlugin(Plugin):
                              f"the plugin serves {FRAME_SIZE} @ {SAMPLE_RATE} Hz")
         prompts = None
         if self.uses_prompt:
-            prompts = PromptCache(lm, lambda voice, persona: self._plan(files, lm, tokenizer, voice, persona),
-                                  capacity=self.prompt_cache_size)
+            # Voice recordings are encoded on the prefill thread, on a copy of Mimi with its
+            # own streaming state (the live calls stream through the original).
+            voice_mimi = detached_copy(mimi)
+            prompts = PromptCache(
+                lm, lambda voice, persona: self._plan(files, lm, voice_mimi, tokenizer, voice, persona),
+                capacity=self.prompt_cache_size)
         stepper = BatchedStepper(lm, mimi, self.max_sessions)
         log.info("%s: loaded %s on %s (%s), %d sessions", self.id, files.model_dir, self.device,
                  self.dtype, self.max_sessions)
         return LoadedModel(files, info, tokenizer, stepper, prompts)
 
     @staticmethod
-    def _plan(files: checkpoint.CheckpointFiles, lm: Any, tokenizer: Any, voice: str | None,
-              persona: str | None) -> PromptPlan:
-        voice_prompt = None
-        if voice is not None:
+    def _plan(files: checkpoint.CheckpointFiles, lm: Any, mimi: Any, tokenizer: Any,
+              voice: str | None, persona: str | None) -> PromptPlan:
+        """What to prefill for (voice, persona); runs on the prefill thread."""
+        voice_prompt, voice_codes = None, None
+        if voice is not None and policy.voice_kind(voice) == "recording":
+            source = files.voices[voice]
+            assert isinstance(source, Path)  # recordings come from the voices folder only
+            audio = read_voice_audio(source, SAMPLE_RATE)
+            voice_codes = encode_voice(mimi, audio, lm.num_agent_codebooks)
+        elif voice is not None:
             raw = files.load_voice(voice, lm.device)
             voice_prompt = VoicePrompt(embeddings=raw["embeddings"], cache=raw["cache"])
             check_voice_prompt(voice_prompt, lm, voice)
         tokens = persona_tokens(tokenizer, persona) if persona is not None else ()
-        return PromptPlan(voice=voice_prompt, text_tokens=tokens)
+        return PromptPlan(voice=voice_prompt, text_tokens=tokens, voice_codes=voice_codes)
 
     def _loaded(self) -> LoadedModel:
         if self.model is None:
@@ -239,6 +253,7 @@ class PersonaPlexPlugin(Plugin):
         return Capabilities(
             sample_rate=SAMPLE_RATE, frame_size=FRAME_SIZE, max_sessions=self.max_sessions,
             emits_text=True, voices=voices, default_voice=self.default_voice,
+            voice_kinds=tuple((name, policy.voice_kind(name)) for name in voices),
             voice_update=False, instructions_update=False,
         )
 

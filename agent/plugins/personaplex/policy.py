@@ -40,12 +40,19 @@ MAX_SEED = 2**63 - 1
 # is NVIDIA's server default (sampling on, the temperatures and top-k above, as its LMGen).
 SAMPLING_PRESETS = {"greedy": False, "reference": True}
 
-# A voice is a bare file name: letters, digits, '_', '-', '.', ending in .pt, no leading dot.
-_VOICE_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*\.pt$")
+# A voice is a bare file name: letters, digits, '_', '-', '.', ending in .pt (stored prompt
+# embeddings) or .wav (a recording, encoded at first use), no leading dot.
+_VOICE_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*\.(pt|wav)$")
+VOICE_KINDS = {".pt": "embeddings", ".wav": "recording"}
+
+
+def voice_kind(name: str) -> str:
+    """What a voice file holds: "embeddings" (.pt) or "recording" (.wav)."""
+    return VOICE_KINDS[name[name.rfind("."):]]
 
 
 def validate_voice(name: str | None, available: Collection[str], default: str) -> str:
-    """The voice file to use; a bare bundled `.pt` basename or `invalid_voice`."""
+    """The voice file to use; a bare bundled `.pt` or `.wav` basename, or `invalid_voice`."""
     if name is None or name == "":
         name = default
     if (
@@ -58,7 +65,8 @@ def validate_voice(name: str | None, available: Collection[str], default: str) -
     ):
         raise PluginError(
             "invalid_voice",
-            "voice must be the file name of a bundled voice prompt such as 'NATF2.pt' "
+            "voice must be the file name of a bundled voice prompt such as 'NATF2.pt' or "
+            "'custom.wav' "
             "(no paths)",
             param="session.voice",
         )
