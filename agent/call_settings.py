@@ -18,3 +18,4 @@ class CallSettings:
     client_event_rate: float = 10.0
     client_event_burst: int = 20
     record_dir: str | None = None  # --record-dir: record every call that does not opt out
+    record_format: str = "flac"  # --record-format: flac or opus (Ogg)

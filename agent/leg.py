@@ -117,7 +117,7 @@ class Leg:
         self.slot = slot
         self.session_config = prepared.session_config
         self.recorder = recorder_for(self.settings.record_dir, prepared.record_allowed, self.id,
-                                     self.capabilities.sample_rate)
+                                     self.capabilities.sample_rate, self.settings.record_format)
         if self.recorder is not None:
             slot.tap = self.recorder.add_tick
 

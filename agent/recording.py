@@ -1,4 +1,4 @@
-"""Call recording (opt-in with `--record-dir`): a two-channel FLAC and a JSONL of events.
+"""Call recording (opt-in with `--record-dir`): two-channel FLAC or Ogg-Opus, and a JSONL of events.
 
 The ticker hands over each tick's caller frame and the agent's answer to it, so both
 channels sit on the call's own clock: sample n of the left channel (caller) is what the
@@ -6,7 +6,9 @@ model heard at the moment it spoke sample n of the right channel (agent). Encodi
 writing happen on one shared worker thread, never on the event loop. A full disk or an
 unwritable folder ends the recording with one logged coded error; the call goes on.
 
-Files: `<call_id>.flac` (FLAC via PyAV, s16 stereo at the plugin's rate) and
+Files: `<call_id>.flac` (FLAC via PyAV, s16 stereo at the plugin's rate; lossless) or, with
+`--record-format opus`, `<call_id>.ogg` (Opus in Ogg via PyAV/libopus, about a tenth of the
+size; decoders play it at 48 kHz), and
 `<call_id>.events.jsonl` (one object per line: `t` seconds since the call's first tick,
 `event` as sent to the client, or the leg's DTMF and errors). Keeping and deleting them is
 the operator's job: nothing here prunes old recordings.
@@ -21,7 +23,7 @@ import os
 import time
 from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import IO, Any
 
@@ -34,6 +36,21 @@ from .plugins.base import SessionConfig
 log = logging.getLogger(__name__)
 
 RECORD_OPTION = "record"  # extra_body key: false opts a call out of recording
+
+
+@dataclass(frozen=True)
+class RecordFormat:
+    container: str
+    codec: str
+    suffix: str
+    sample_format: str
+    fixed_frames: bool  # the encoder takes frames of exactly its frame_size
+
+
+RECORD_FORMATS = {
+    "flac": RecordFormat("flac", "flac", ".flac", "s16", fixed_frames=False),
+    "opus": RecordFormat("ogg", "libopus", ".ogg", "s16", fixed_frames=True),
+}
 
 _writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="recording")
 
@@ -62,11 +79,13 @@ class CallRecorder:
     """Records one call. Every method is safe to call from the event loop: the work is queued
     on the writer thread in order, and failures only stop the recording."""
 
-    def __init__(self, directory: str | Path, call_id: str, sample_rate: int) -> None:
+    def __init__(self, directory: str | Path, call_id: str, sample_rate: int,
+                 record_format: str = "flac") -> None:
         self.directory = Path(directory)
         self.call_id = call_id
         self.sample_rate = sample_rate
-        self.audio_path = self.directory / f"{call_id}.flac"
+        self.format = RECORD_FORMATS[record_format]
+        self.audio_path = self.directory / f"{call_id}{self.format.suffix}"
         self.events_path = self.directory / f"{call_id}.events.jsonl"
         self.failed: str | None = None  # the coded reason the recording stopped early
         self.frames = 0
@@ -75,6 +94,7 @@ class CallRecorder:
         self._stream: Any = None
         self._events: IO[str] | None = None
         self._pts = 0
+        self._rechunk: Any = None  # to the encoder's fixed frame size (Opus), if it has one
         self._last: Future[None] | None = None
 
     # -- called on the event loop -----------------------------------------------------------
@@ -123,10 +143,15 @@ class CallRecorder:
 
     def _open_audio(self) -> None:
         self.directory.mkdir(parents=True, exist_ok=True)
-        self._container = av.open(str(self.audio_path), "w", format="flac")
-        self._stream = self._container.add_stream("flac", rate=self.sample_rate,
+        self._container = av.open(str(self.audio_path), "w", format=self.format.container)
+        self._stream = self._container.add_stream(self.format.codec, rate=self.sample_rate,
                                                   layout="stereo")
-        self._stream.format = "s16"
+        self._stream.format = self.format.sample_format
+        if self.format.fixed_frames:
+            self._stream.codec_context.open()
+            self._rechunk = av.AudioResampler(format=self.format.sample_format, layout="stereo",
+                                              rate=self.sample_rate,
+                                              frame_size=self._stream.codec_context.frame_size)
 
     def _write_audio(self, stereo: np.ndarray) -> None:
         if self._container is None:
@@ -136,8 +161,13 @@ class CallRecorder:
         frame.sample_rate = self.sample_rate
         frame.pts = self._pts
         self._pts += stereo.shape[1]
-        for packet in self._stream.encode(frame):
-            self._container.mux(packet)
+        self._encode(frame)
+
+    def _encode(self, frame: Any) -> None:
+        frames = [frame] if self._rechunk is None else self._rechunk.resample(frame)
+        for chunk in frames:
+            for packet in self._stream.encode(chunk):
+                self._container.mux(packet)
 
     def _write_event(self, line: str) -> None:
         if self._events is None:
@@ -150,6 +180,8 @@ class CallRecorder:
             return
         try:
             if self._container is not None:
+                if self._rechunk is not None:
+                    self._encode(None)  # the last partial chunk
                 for packet in self._stream.encode(None):
                     self._container.mux(packet)
                 self._container.close()
@@ -172,8 +204,8 @@ class CallRecorder:
         self._events = None
 
 
-def recorder_for(record_dir: str | None, allowed: bool, call_id: str,
-                 sample_rate: int) -> CallRecorder | None:
+def recorder_for(record_dir: str | None, allowed: bool, call_id: str, sample_rate: int,
+                 record_format: str = "flac") -> CallRecorder | None:
     if not record_dir or not allowed:
         return None
-    return CallRecorder(os.path.expanduser(record_dir), call_id, sample_rate)
+    return CallRecorder(os.path.expanduser(record_dir), call_id, sample_rate, record_format)

@@ -104,6 +104,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="record every call to DIR: <call_id>.flac (caller left, agent "
                        "right) and <call_id>.events.jsonl; a call opts out with "
                        "extra_body.record=false; retention is the operator's job (default: off)")
+    calls.add_argument("--record-format", choices=("flac", "opus"), default="flac",
+                       help="--record-dir files: flac (lossless, <call_id>.flac) or opus "
+                       "(Ogg-Opus, about a tenth of the size, <call_id>.ogg)")
     calls.add_argument("--ice-host", action="append", default=None, metavar="ADDR",
                        help="gather ICE host candidates only on this address (repeatable; "
                        "default: every interface; 127.0.0.1 keeps calls on loopback)")
@@ -141,6 +144,7 @@ def settings_from_args(args: argparse.Namespace) -> AgentSettings:
             connect_timeout=args.connect_timeout,
             max_call_seconds=args.max_call_seconds,
             record_dir=args.record_dir,
+            record_format=args.record_format,
         ),
     )
 

@@ -90,3 +90,32 @@ def test_the_record_option_is_the_agents_not_the_plugins() -> None:
     with pytest.raises(AgentError) as refused:
         take_record_option(SessionConfig(extra_body={"record": "no"}))
     assert refused.value.code == "invalid_option"
+
+
+async def test_opus_recordings_keep_both_channels_on_one_clock(
+    start_agent: AgentFactory, tmp_path: Path
+) -> None:
+    settings = AgentSettings(call=CallSettings(record_dir=str(tmp_path), record_format="opus"))
+    running = await start_agent(settings=settings)
+    report, _, _ = await run_call(running.url, seconds=3.0,
+                                  session={"extra_body": {"delay_frames": DELAY_FRAMES}})
+    assert report.ok and report.call_id
+    await wait_until(lambda: all_freed(running))
+    audio_path = tmp_path / f"{report.call_id}.ogg"
+    assert not (tmp_path / f"{report.call_id}.flac").exists()
+    with av.open(str(audio_path)) as container:
+        stream = container.streams.audio[0]
+        assert stream.codec_context.name in ("opus", "libopus")
+        rate = stream.rate
+        chunks = [frame.to_ndarray() for frame in container.decode(stream)]
+    raw = np.concatenate(chunks, axis=1) if chunks[0].shape[0] == 2 else \
+        np.concatenate([c.reshape(-1, 2).T for c in chunks], axis=1)
+    caller, agent = raw.astype(np.float32) / (32768 if raw.dtype.kind == "i" else 1)
+    assert len(caller) > 2.5 * rate and np.sqrt(np.mean(caller**2)) > 0.05
+    # Lossy, so compare where the agent echo peaks against the caller: DELAY_FRAMES frames
+    # (at the decoder's rate), within a millisecond.
+    size = 1 << int(np.ceil(np.log2(2 * len(caller))))
+    xcorr = np.fft.irfft(np.fft.rfft(agent, size) * np.conj(np.fft.rfft(caller, size)), size)
+    lag = int(np.argmax(xcorr[: len(caller)]))
+    assert abs(lag - DELAY_FRAMES * 0.08 * rate) <= rate / 1000
+    assert audio_path.stat().st_size < 0.5 * 3.0 * 24000 * 4  # well under raw s16 stereo
