@@ -51,6 +51,10 @@ class MediaAgent:
         # Set by a graceful drain: no new calls, live ones go on (see signaling/drain.py).
         self.draining = False
 
+    def stop_timing_metrics(self) -> None:
+        """No per-tick histogram work (`--no-metrics`): nobody scrapes it."""
+        self.ticker.on_tick = None
+
     async def start(self) -> None:
         if not self._started:
             missing = await missing_internals()

@@ -110,6 +110,9 @@ def build_parser() -> argparse.ArgumentParser:
     calls.add_argument("--ice-host", action="append", default=None, metavar="ADDR",
                        help="gather ICE host candidates only on this address (repeatable; "
                        "default: every interface; 127.0.0.1 keeps calls on loopback)")
+    parser.add_argument("--no-metrics", action="store_true",
+                        help="serve no GET /metrics and skip its per-tick timing and event-loop "
+                        "lag sampling (default: metrics on)")
     parser.add_argument("--log-level", default="INFO",
                         help="DEBUG, INFO, WARNING or ERROR (default INFO; debug also shows "
                         "the traceback behind a start-up error)")
@@ -200,7 +203,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     auth_settings = auth.settings_from_args(args)
     app = create_app(agent, auth=auth_settings, cors_origins=cors.origins_from_args(args),
                      telephony_config=telephony.config_from_args(args),
-                     body_timeout=args.body_timeout, drain_seconds=args.drain_seconds)
+                     body_timeout=args.body_timeout, drain_seconds=args.drain_seconds,
+                     metrics_enabled=not args.no_metrics)
     app.on_startup.append(_drain_on_sigterm)
     if auth_settings.open:
         if args.host in ("127.0.0.1", "localhost", "::1"):

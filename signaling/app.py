@@ -62,6 +62,7 @@ def create_app(
     telephony_config: telephony.TelephonyConfig | None = None,
     body_timeout: float = slow_clients.DEFAULT_BODY_TIMEOUT,
     drain_seconds: float = drain.DEFAULT_DRAIN_SECONDS,
+    metrics_enabled: bool = True,
 ) -> web.Application:
     app = web.Application(middlewares=[error_middleware, slow_clients.body_timeout_middleware],
                           client_max_size=max_body_bytes)
@@ -70,7 +71,10 @@ def create_app(
     realtime_api.install(app, auth_settings=auth, cors_origins=cors_origins)
     offer.add_routes(app)
     health.add_routes(app)
-    metrics.add_routes(app)
+    if metrics_enabled:
+        metrics.add_routes(app)
+    else:
+        agent.stop_timing_metrics()
     drain.setup(app, drain_seconds)
     telephony.add_routes(app, telephony_config)
     app.router.add_get("/", index)

@@ -136,3 +136,17 @@ async def test_an_rtp_leg_is_counted_under_its_transport(echo_agent: RunningAgen
     assert value(after, "agent_active_calls", transport="rtp", plugin="echo") == 0
     assert value(after, "agent_calls_ended_total", transport="rtp", reason="hangup") == 1
     caller.close()
+
+
+async def test_metrics_can_be_switched_off(start_agent: AgentFactory) -> None:
+    running = await start_agent(metrics_enabled=False)
+    async with aiohttp.ClientSession() as http:
+        async with http.get(running.url + "/metrics") as response:
+            assert response.status == 404
+            assert (await response.json())["error"]["code"] == "not_found"
+        async with http.get(running.url + "/health") as response:
+            assert response.status == 200  # everything else is served as before
+    assert running.agent.ticker.on_tick is None
+    report, _, _ = await run_call(running.url, seconds=1.0)
+    assert report.ok
+    assert not any(task.get_name() == "loop-lag" for task in asyncio.all_tasks())
