@@ -55,6 +55,7 @@ def main() -> None:
     process = subprocess.Popen(
         taskset("0") + [sys.executable, "-m", "signaling", "--port", str(port), "--ice-host",
                         "127.0.0.1", "--log-level", "WARNING", "--codecs", "PCMU",
+                        "--max-unauthenticated-per-address", "0",
                         "--drain-seconds", str(args.drain_seconds)],
         cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:

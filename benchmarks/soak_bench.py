@@ -133,7 +133,7 @@ def main() -> None:
     port = free_port()
     command = taskset("0") + [sys.executable, "-m", "signaling", "--port", str(port),
                               "--ice-host", "127.0.0.1", "--connect-timeout", "3",
-                              "--log-level", "WARNING"]
+                              "--log-level", "WARNING", "--max-unauthenticated-per-address", "0"]
     server = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL,
                               stderr=subprocess.DEVNULL)
     if len(os.sched_getaffinity(0)) > 1:

@@ -46,6 +46,7 @@ def agent_server() -> Iterator[tuple[str, int]]:
     command = [
         sys.executable, "-m", "signaling", "--port", str(port), "--log-level", "WARNING",
         "--rtp-ports", "42000-43999", "--idle-timeout", "30",
+        "--max-unauthenticated-per-address", "0",
     ]
     with server_on_core0(command, port) as pid:
         yield f"http://127.0.0.1:{port}", pid

@@ -26,7 +26,7 @@ from agent.plugins.registry import available_plugins, load_plugin
 from agent.redact import RedactingFilter
 from agent.rtc_tuning import limit_host_addresses, parse_codec_list
 
-from . import auth, cors, drain, ice, slow_clients, telephony
+from . import address_limit, auth, cors, drain, ice, slow_clients, telephony
 from .plugin_flags import PluginFlagsParser, plugin_extra
 from .app import create_app
 
@@ -125,6 +125,11 @@ def build_parser() -> argparse.ArgumentParser:
     slow.add_argument("--body-timeout", type=float, default=body_s, metavar="S",
                       help="answer 408 and close when a request body has not arrived within S "
                       f"seconds of its head (default {body_s:g}; 0 = none)")
+    slow.add_argument("--max-unauthenticated-per-address", type=int,
+                      default=address_limit.DEFAULT_PER_ADDRESS, metavar="N",
+                      help="close a new connection from an address that already holds N "
+                      "connections with no authenticated request yet (default "
+                      f"{address_limit.DEFAULT_PER_ADDRESS}; 0 = no limit)")
     tls = parser.add_argument_group("TLS (browsers need https to use a microphone off localhost)")
     tls.add_argument("--tls-cert", metavar="FILE", help="PEM certificate chain: serve https")
     tls.add_argument("--tls-key", metavar="FILE", help="PEM private key for --tls-cert")
@@ -223,7 +228,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         web.run_app(app, host=args.host, port=args.port, ssl_context=ssl_context,
                     print=listening, handle_signals=True,
-                    loop=slow_clients.guarded_event_loop(args.header_timeout))
+                    loop=slow_clients.guarded_event_loop(args.header_timeout,
+                                                        args.max_unauthenticated_per_address))
     except AgentError as exc:  # the plugin loads its model at start-up: bad dir, voice, ...
         exit_with_error(exc.code, exc.message, cause=exc)
     except OSError as exc:

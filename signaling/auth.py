@@ -39,6 +39,7 @@ from aiohttp import web
 from agent.plugins.base import SessionConfig
 from agent.realtime_session import session_config_from_realtime
 
+from .address_limit import mark_authenticated
 from .errors import ApiError, error_response, read_json_object
 from .keys import AGENT_KEY
 
@@ -279,6 +280,7 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
         request[PRINCIPAL] = authenticate(request)
     except ApiError as exc:
         return error_response(exc)
+    mark_authenticated(request)
     return await handler(request)
 
 

@@ -25,6 +25,7 @@ from typing import Any
 from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
 
+from .address_limit import gated_protocol_factory
 from .errors import json_error
 
 log = logging.getLogger(__name__)
@@ -77,8 +78,10 @@ def guard_protocol_factory(factory: ProtocolFactory, header_timeout: float) -> P
     return make
 
 
-def guarded_event_loop(header_timeout: float) -> asyncio.AbstractEventLoop:
-    """A new event loop whose servers give every connection a header deadline.
+def guarded_event_loop(header_timeout: float,
+                       per_address: int = 0) -> asyncio.AbstractEventLoop:
+    """A new event loop whose servers give every connection a header deadline, and refuse
+    connections past `per_address` unauthenticated ones from one address (address_limit.py).
 
     `web.run_app` builds its server internally and takes only a loop, so the loop's
     `create_server` is the one place every accepted connection can be seen from.
@@ -88,8 +91,8 @@ def guarded_event_loop(header_timeout: float) -> asyncio.AbstractEventLoop:
 
     async def guarded_create_server(protocol_factory: ProtocolFactory, *args: Any,
                                     **kwargs: Any) -> asyncio.AbstractServer:
-        return await create_server(guard_protocol_factory(protocol_factory, header_timeout),
-                                   *args, **kwargs)
+        guarded = guard_protocol_factory(protocol_factory, header_timeout)
+        return await create_server(gated_protocol_factory(guarded, per_address), *args, **kwargs)
 
     loop.create_server = guarded_create_server  # type: ignore[method-assign]
     return loop
