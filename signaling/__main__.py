@@ -26,7 +26,7 @@ from agent.plugins.registry import available_plugins, load_plugin
 from agent.redact import RedactingFilter
 from agent.rtc_tuning import limit_host_addresses, parse_codec_list
 
-from . import address_limit, auth, cors, drain, ice, slow_clients, telephony
+from . import address_limit, auth, cors, drain, gc_tuning, ice, slow_clients, telephony
 from .plugin_flags import PluginFlagsParser, plugin_extra
 from .app import create_app
 
@@ -211,6 +211,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                      body_timeout=args.body_timeout, drain_seconds=args.drain_seconds,
                      metrics_enabled=not args.no_metrics)
     app.on_startup.append(_drain_on_sigterm)
+    app.on_startup.append(gc_tuning.freeze_after_startup)  # after the plugin loaded
     if auth_settings.open:
         if args.host in ("127.0.0.1", "localhost", "::1"):
             log.warning("no --api-key: the server is open to anyone who can reach %s "

@@ -10,8 +10,8 @@ from agent.plugins.remote.vllm_omni import upstream_error
 
 
 @pytest.mark.parametrize("code,status", [
-    ("invalid_voice", 400), ("prefill_unavailable", 503), ("model_path_unavailable", 503),
-    ("timeout", 504),
+    ("invalid_voice", 400), ("invalid_session_config", 400), ("prefill_unavailable", 503),
+    ("model_path_unavailable", 503), ("timeout", 504),
 ])
 def test_open_refusals_map_to_the_callers_status_without_blaming_the_server(
     code: str, status: int,

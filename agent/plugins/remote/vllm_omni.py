@@ -31,9 +31,12 @@ OUTPUT_FORMAT = "pcm16"
 CAPACITY_CODES = frozenset({"resource_exhausted"})
 CAPACITY_TYPES = frozenset({"rate_limit_error"})
 # Refusals a server sends when a session cannot open, and what they mean for the caller: a bad
-# voice is the caller's mistake (400), the rest are the server's state (503 / 504).
+# voice or session object is the caller's mistake (400; vllm-omni's duplex serving answers a
+# session object its engine rejects with `invalid_session_config`), the rest are the server's
+# state (503 / 504).
 OPEN_REFUSAL_STATUS = {
     "invalid_voice": 400,
+    "invalid_session_config": 400,
     "prefill_unavailable": 503,
     "model_path_unavailable": 503,
     "timeout": 504,
