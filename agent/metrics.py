@@ -31,6 +31,7 @@ if TYPE_CHECKING:
 STEP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.12, 0.2, 0.5)
 LATENESS_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 1.0)
 LOOP_LAG_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
+GC_PAUSE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25)
 
 class AgentMetrics:
     def __init__(self, plugin_id: str) -> None:
@@ -56,6 +57,10 @@ class AgentMetrics:
             "agent_event_loop_lag_seconds",
             "How much later than asked a periodic sleep on the event loop woke.",
             buckets=LOOP_LAG_BUCKETS, registry=r)
+        self.gc_pause = Histogram(
+            "agent_gc_pause_seconds",
+            "Cyclic garbage collector passes, by generation (every thread stops meanwhile).",
+            ["generation"], buckets=GC_PAUSE_BUCKETS, registry=r)
         # Totals of ended calls; live calls are added at scrape time.
         self.ended_totals: TallyCounter[tuple[str, str]] = TallyCounter()
         self._step = self.tick_step.labels(plugin_id)

@@ -146,20 +146,34 @@ def bench_cpu(codecs: list[str], calls: int, seconds: float) -> None:
             print(f"| {label} | {codec} | {per_call:.1f} | {100 / per_call:.0f} |", flush=True)
 
 
-def lag_buckets(url: str) -> dict[float, float]:
-    """Cumulative counts of the agent's event-loop lag histogram, from its /metrics."""
+def lag_buckets(url: str, name: str = "agent_event_loop_lag_seconds",
+                **labels: str) -> dict[float, float]:
+    """Cumulative bucket counts of one of the agent's histograms (the event-loop lag unless
+    told otherwise), from its /metrics."""
     from prometheus_client.parser import text_string_to_metric_families
 
     with urllib.request.urlopen(url + "/metrics", timeout=10) as response:
         text = response.read().decode()
     buckets: dict[float, float] = {}
     for family in text_string_to_metric_families(text):
-        if family.name != "agent_event_loop_lag_seconds":
+        if family.name != name:
             continue
         for sample in family.samples:
-            if sample.name.endswith("_bucket"):
+            if sample.name.endswith("_bucket") and all(
+                    sample.labels.get(key) == value for key, value in labels.items()):
                 buckets[float(sample.labels["le"])] = sample.value
     return buckets
+
+
+def gc_pauses(before: dict[float, float], after: dict[float, float]) -> str:
+    """Full (generation 2) collector passes during a level and the longest, as a bound."""
+    bounds = sorted(after)
+    counts = [after[b] - before.get(b, 0.0) for b in bounds]
+    total = counts[-1] if counts else 0.0
+    if total <= 0:
+        return "0"
+    longest = next(edge for edge, count in zip(bounds, counts) if count >= total)
+    return f"{total:.0f} (<={'inf' if longest == float('inf') else f'{longest * 1000:g}'} ms)"
 
 
 def lag_quantiles(before: dict[float, float], after: dict[float, float]) -> str:
@@ -191,10 +205,12 @@ def bench_capacity(codecs: list[str], levels: list[int], seconds: float) -> None
     print("\n### Concurrent real-time calls, server pinned to one core\n")
     print(f"Calibration: frame cost {calibration():.3f} ms per frame per call "
           "(`frame_cost_bench.py`, 1 call). Loop lag: the agent's event-loop lag histogram "
-          "during the level (bucket bounds, ms). A failing level is `throughput` when the "
-          "server's core was >= 95 % busy, else `timing`.\n")
-    print("| server | codec | calls | result | server CPU | loop lag p50 / p99 / max ms | detail |")
-    print("|---|---|---|---|---|---|---|")
+          "during the level (bucket bounds, ms); full GC passes: the agent's generation-2 "
+          "collections during the level (every thread stops for them). A failing level is "
+          "`throughput` when the server's core was >= 95 % busy, else `timing`.\n")
+    print("| server | codec | calls | result | server CPU | loop lag p50 / p99 / max ms "
+          "| full GC passes (longest) | detail |")
+    print("|---|---|---|---|---|---|---|---|")
     for codec in codecs:
         for kind in ("plain", "agent"):
             label = "plain aiortc echo" if kind == "plain" else "agent (echo plugin)"
@@ -208,14 +224,18 @@ def bench_capacity(codecs: list[str], levels: list[int], seconds: float) -> None
                     with server(kind) as url:
                         pid = SERVER_PIDS[-1]
                         lag_before = lag_buckets(url) if kind == "agent" else {}
+                        gc_before = (lag_buckets(url, "agent_gc_pause_seconds", generation="2")
+                                     if kind == "agent" else {})
                         cpu_before, started = cpu_seconds(pid), time.monotonic()
                         reports = callers_subprocess(url, count, seconds, codec, True)
                         busy = (cpu_seconds(pid) - cpu_before) / (time.monotonic() - started)
                         lag = lag_quantiles(lag_before, lag_buckets(url)) if kind == "agent" else "-"
+                        full_gc = gc_pauses(gc_before, lag_buckets(
+                            url, "agent_gc_pause_seconds", generation="2")) if kind == "agent" else "-"
                     ok, detail = level_passes(reports, delay / 1000)
                     if not ok:
                         detail += "; " + ("throughput" if busy >= 0.95 else "timing")
-                    row = f"{busy * 100:.0f} % | {lag} | {detail}"
+                    row = f"{busy * 100:.0f} % | {lag} | {full_gc} | {detail}"
                     if ok or attempt == 2:
                         break
                     print(f"| {label} | {codec} | {count} | (retry) | {row} |", flush=True)
@@ -224,7 +244,7 @@ def bench_capacity(codecs: list[str], levels: list[int], seconds: float) -> None
                 if not ok:
                     break
                 best = count
-            print(f"| **{label}** | **{codec}** | **{best}** | **max real time** | | | |",
+            print(f"| **{label}** | **{codec}** | **{best}** | **max real time** | | | | |",
                   flush=True)
 
 

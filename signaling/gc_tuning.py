@@ -3,7 +3,10 @@
 After start-up the process holds a few hundred thousand long-lived objects (aiortc, aiohttp,
 numpy, torch modules); every full (generation 2) collection walks all of them on the event
 loop. `gc.freeze()` moves what exists once the server is up into a permanent generation the
-collector no longer scans, so a full pass only walks what calls allocated since.
+collector no longer scans, so a full pass only walks what calls allocated since. Measured on
+the 2-core machine: a full pass over the echo server's start-up heap (66,000 tracked objects)
+took 49-91 ms, after the freeze under 0.1 ms. Passes are timed in `/metrics`
+(`agent_gc_pause_seconds`); `AGENT_GC_FREEZE=0` in the environment turns the freeze off.
 """
 
 from __future__ import annotations

@@ -1,17 +1,21 @@
 """`GET /metrics`: the agent's Prometheus registry in the text exposition format.
 
 Not in auth's public paths, so with `--api-key` it needs a key (an ephemeral secret gets
-403). The event-loop lag sampler lives here: it is a property of the server process.
+403). The event-loop lag sampler and the garbage-collector pause timer live here: they are
+properties of the server process.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+import gc
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, Histogram, generate_latest
 
 from .keys import AGENT_KEY
 
@@ -39,10 +43,28 @@ async def _sample_loop_lag(app: web.Application) -> None:
 
 async def _loop_lag_context(app: web.Application) -> AsyncIterator[None]:
     task = asyncio.get_running_loop().create_task(_sample_loop_lag(app), name="loop-lag")
+    watcher = gc_pause_watcher(app[AGENT_KEY].metrics.gc_pause)
+    gc.callbacks.append(watcher)
     yield
+    gc.callbacks.remove(watcher)
     task.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await task
+
+
+def gc_pause_watcher(histogram: Histogram) -> Callable[[str, dict[str, Any]], None]:
+    """A `gc.callbacks` entry timing each collector pass (it runs on whichever thread
+    triggered the pass; the histogram is thread-safe)."""
+    started: list[float] = [0.0]
+    by_generation = [histogram.labels(str(generation)) for generation in range(3)]
+
+    def watch(phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            started[0] = time.perf_counter()
+        else:
+            by_generation[info["generation"]].observe(time.perf_counter() - started[0])
+
+    return watch
 
 
 def add_routes(app: web.Application) -> None:

@@ -150,3 +150,16 @@ async def test_metrics_can_be_switched_off(start_agent: AgentFactory) -> None:
     report, _, _ = await run_call(running.url, seconds=1.0)
     assert report.ok
     assert not any(task.get_name() == "loop-lag" for task in asyncio.all_tasks())
+
+
+async def test_garbage_collector_pauses_are_timed_by_generation(echo_agent: RunningAgent) -> None:
+    import gc
+
+    gc.collect(2)
+    async with aiohttp.ClientSession() as http:
+        async with http.get(echo_agent.url + "/metrics") as response:
+            text = await response.text()
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    counts = {s.labels["generation"]: s.value for s in families["agent_gc_pause_seconds"].samples
+              if s.name.endswith("_count")}
+    assert counts["2"] >= 1
