@@ -252,7 +252,16 @@ async def _drain_on_sigterm(app: web.Application) -> None:
     loop = asyncio.get_running_loop()
     controller = app[drain.DRAIN_KEY]
 
+    exiting = False
+
     def exit_now() -> None:
+        nonlocal exiting
+        if exiting:
+            # Already leaving: a second SIGTERM started the shutdown, whose ending of every
+            # call then finished the drain too. A second GracefulExit would escape run_app's
+            # cleanup as exit status 1.
+            return
+        exiting = True
         raise GracefulExit()  # a SystemExit: run_app leaves its loop and shuts down
 
     def on_sigterm() -> None:
