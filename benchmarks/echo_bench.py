@@ -165,24 +165,13 @@ def lag_buckets(url: str, name: str = "agent_event_loop_lag_seconds",
     return buckets
 
 
-def gc_pauses(before: dict[float, float], after: dict[float, float]) -> str:
-    """Full (generation 2) collector passes during a level and the longest, as a bound."""
+def level_quantiles(before: dict[float, float], after: dict[float, float],
+                    fractions: tuple[float, ...]) -> tuple[float, list[str]]:
+    """How many observations a histogram gained during a level, and the bucket bound (ms)
+    under which each fraction of them fell."""
     bounds = sorted(after)
     counts = [after[b] - before.get(b, 0.0) for b in bounds]
     total = counts[-1] if counts else 0.0
-    if total <= 0:
-        return "0"
-    longest = next(edge for edge, count in zip(bounds, counts) if count >= total)
-    return f"{total:.0f} (<={'inf' if longest == float('inf') else f'{longest * 1000:g}'} ms)"
-
-
-def lag_quantiles(before: dict[float, float], after: dict[float, float]) -> str:
-    """p50 / p99 / max of the loop lag during a level, as histogram bucket bounds (<= x ms)."""
-    bounds = sorted(after)
-    counts = [after[b] - before.get(b, 0.0) for b in bounds]
-    total = counts[-1] if counts else 0.0
-    if total <= 0:
-        return "-"
 
     def bound(fraction: float) -> str:
         for edge, count in zip(bounds, counts):
@@ -190,7 +179,19 @@ def lag_quantiles(before: dict[float, float], after: dict[float, float]) -> str:
                 return "inf" if edge == float("inf") else f"{edge * 1000:g}"
         return "inf"
 
-    return f"<={bound(0.5)} / <={bound(0.99)} / <={bound(1.0)}"
+    return total, [bound(fraction) for fraction in fractions] if total > 0 else []
+
+
+def gc_pauses(before: dict[float, float], after: dict[float, float]) -> str:
+    """Full (generation 2) collector passes during a level and the longest, as a bound."""
+    total, bounds = level_quantiles(before, after, (1.0,))
+    return f"{total:.0f} (<={bounds[0]} ms)" if total > 0 else "0"
+
+
+def lag_quantiles(before: dict[float, float], after: dict[float, float]) -> str:
+    """p50 / p99 / max of the loop lag during a level, as histogram bucket bounds (<= x ms)."""
+    total, bounds = level_quantiles(before, after, (0.5, 0.99, 1.0))
+    return " / ".join(f"<={b}" for b in bounds) if total > 0 else "-"
 
 
 def calibration() -> float:
