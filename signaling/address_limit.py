@@ -42,6 +42,12 @@ class AddressGate:
         if self.unauthenticated[address] <= 0:
             del self.unauthenticated[address]
 
+    def track(self, handler: object, gated: GatedProtocol) -> None:
+        self._connections[id(handler)] = gated
+
+    def untrack(self, handler: object) -> None:
+        self._connections.pop(id(handler), None)
+
     def authenticated(self, handler: object) -> None:
         gated = self._connections.get(id(handler))
         if gated is not None:
@@ -70,7 +76,7 @@ class GatedProtocol(asyncio.Protocol):
             transport.abort()
             return
         self.address = address
-        self.gate._connections[id(self.inner)] = self
+        self.gate.track(self.inner, self)
         self.inner.connection_made(transport)
 
     def authenticated(self) -> None:
@@ -94,7 +100,7 @@ class GatedProtocol(asyncio.Protocol):
         if self.refused:
             return
         self.authenticated()  # stops counting either way
-        self.gate._connections.pop(id(self.inner), None)
+        self.gate.untrack(self.inner)
         self.inner.connection_lost(exc)
 
 

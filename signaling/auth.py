@@ -30,7 +30,7 @@ import hmac
 import os
 import secrets
 import time
-from collections.abc import Awaitable, Callable, Collection
+from collections.abc import Awaitable, Callable, Container
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -103,7 +103,7 @@ class SecretStore:
         self._next_prune = 0.0
 
     def mint(self, tenant: str | None, ttl: float, session: SessionConfig | None,
-             live_calls: Collection[str]) -> tuple[str, EphemeralSecret]:
+             live_calls: Container[str]) -> tuple[str, EphemeralSecret]:
         # Prune with the live calls: a secret bound to a live call still hangs it up.
         self.prune(live_calls)
         unclaimed = sum(1 for s in self._secrets.values()
@@ -122,7 +122,7 @@ class SecretStore:
         self._secrets[secret.value_hash] = secret
         return value, secret
 
-    def find(self, value: str, live_calls: Collection[str]) -> EphemeralSecret | None:
+    def find(self, value: str, live_calls: Container[str]) -> EphemeralSecret | None:
         """The secret that can still do something, or None (unknown, or its call ended)."""
         now = time.monotonic()
         if now >= self._next_prune:
@@ -133,7 +133,7 @@ class SecretStore:
             return None  # spent: its call is over
         return secret
 
-    def prune(self, live_calls: Collection[str]) -> None:
+    def prune(self, live_calls: Container[str]) -> None:
         """Forget secrets that can no longer do anything."""
         now = time.time()
         for key, secret in list(self._secrets.items()):
@@ -238,7 +238,7 @@ def authenticate(request: web.Request) -> Principal:
         if key is not None:
             return Principal("key", tenant_of(key))
     if token.startswith(SECRET_PREFIX):
-        secret = request.app[SECRETS_KEY].find(token, request.app[AGENT_KEY].calls)
+        secret = request.app[SECRETS_KEY].find(token, request.app[AGENT_KEY].legs)
         if secret is not None:
             if not secret_may_use(request):
                 raise ApiError("secret_not_allowed",
@@ -334,7 +334,7 @@ async def post_client_secret(request: web.Request) -> web.Response:
         # Refuse a config the plugin would refuse now, not when the browser calls.
         await request.app[AGENT_KEY].plugin.validate_session_config(session)
     value, secret = request.app[SECRETS_KEY].mint(principal.tenant, ttl, session,
-                                                  request.app[AGENT_KEY].calls)
+                                                  request.app[AGENT_KEY].legs)
     return web.json_response({
         "value": value,
         "expires_at": int(secret.expires_at),

@@ -58,9 +58,12 @@ class CallResources:
         leg.owner = owner
         return CallResource(call_id, etag_of(call_id), owner)
 
-    def visible_to(self, principal: Principal, call_id: str) -> bool:
+    def _owner(self, call_id: str) -> object | None:
         leg = self.agent.legs.get(call_id)
-        owner = leg.owner if leg is not None else None
+        return leg.owner if leg is not None else None
+
+    def visible_to(self, principal: Principal, call_id: str) -> bool:
+        owner = self._owner(call_id)
         if principal.operator:
             return True
         if isinstance(owner, Principal):
@@ -68,14 +71,10 @@ class CallResources:
         return owner is None and principal.kind == "open"
 
     def lookup(self, call_id: str, principal: Principal) -> CallResource:
-        leg = self.agent.legs.get(call_id)
-        owner = leg.owner if leg is not None else None
+        owner = self._owner(call_id)
         if not isinstance(owner, Principal) or not principal.may_manage(owner):
             raise ApiError("call_not_found", "no such call", param="call_id", status=404)
         return CallResource(call_id, etag_of(call_id), owner)
-
-    def __len__(self) -> int:
-        return sum(1 for leg in self.agent.legs if leg.owner is not None)
 
 
 def etag_of(call_id: str) -> str:

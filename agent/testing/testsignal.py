@@ -14,15 +14,21 @@ import numpy as np
 ANALYSIS_RATE = 8000
 
 
+def band_limited_noise(count: int, sample_rate: int, low_hz: float, high_hz: float,
+                       seed: int) -> np.ndarray:
+    """Seeded white noise with everything outside [low_hz, high_hz] removed (float64)."""
+    rng = np.random.default_rng(seed)
+    spectrum = np.fft.rfft(rng.standard_normal(count))
+    freqs = np.fft.rfftfreq(count, 1 / sample_rate)
+    spectrum[(freqs < low_hz) | (freqs > high_hz)] = 0
+    return np.fft.irfft(spectrum, count)
+
+
 def make_test_signal(seconds: float, sample_rate: int = 48000, seed: int = 7,
                 level: float = 0.25) -> np.ndarray:
     """Float32 mono band-limited noise with a 100 ms fade in/out."""
     count = int(seconds * sample_rate)
-    rng = np.random.default_rng(seed)
-    spectrum = np.fft.rfft(rng.standard_normal(count))
-    freqs = np.fft.rfftfreq(count, 1 / sample_rate)
-    spectrum[(freqs < 300) | (freqs > 3400)] = 0
-    signal = np.fft.irfft(spectrum, count)
+    signal = band_limited_noise(count, sample_rate, 300, 3400, seed)
     signal *= level / (np.sqrt(np.mean(signal**2)) + 1e-12)
     fade = min(count // 2, int(0.1 * sample_rate))
     if fade:

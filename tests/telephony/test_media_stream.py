@@ -19,7 +19,7 @@ from agent.media_agent import AgentSettings
 from agent.plugins.base import PluginSession, StepOutput
 from agent.plugins.echo import EchoPlugin
 from agent.telephony.g711 import mulaw_decode, mulaw_encode
-from agent.testing.testsignal import measure_echo
+from agent.testing.testsignal import band_limited_noise, measure_echo
 from signaling.auth import AuthSettings
 from signaling.telephony import TelephonyConfig
 from keypad_plugin import KeypadEchoPlugin
@@ -32,11 +32,7 @@ CHUNK = 160  # bytes of μ-law = 20 ms at 8 kHz
 def speech_like(seconds: float, rate: int = 8000, seed: int = 3) -> np.ndarray:
     """Band-limited noise shaped into 4 Hz "syllables" with pauses, int16."""
     count = int(seconds * rate)
-    rng = np.random.default_rng(seed)
-    spectrum = np.fft.rfft(rng.standard_normal(count))
-    freqs = np.fft.rfftfreq(count, 1 / rate)
-    spectrum[(freqs < 200) | (freqs > 3400)] = 0
-    noise = np.fft.irfft(spectrum, count)
+    noise = band_limited_noise(count, rate, 200, 3400, seed)
     t = np.arange(count) / rate
     envelope = np.clip(np.sin(2 * np.pi * 4 * t), 0, None) ** 0.5
     envelope *= (np.sin(2 * np.pi * 0.7 * t) > -0.6)  # a pause now and then
