@@ -48,6 +48,9 @@ class Behaviour:
     # moshi: a text piece that is a tokenizer control symbol (its `id_to_piece` output for
     # ids such as <s>), sent before each word.
     control_pieces: bool = False
+    # Hold every websocket upgrade until `FakeServer.warm` is set, as vllm-omni does while its
+    # engine warms up (the TCP connection is accepted at once).
+    warming_up: bool = False
 
 
 @dataclass
@@ -73,6 +76,9 @@ class FakeServer:
         self._server: TestServer | None = None
         self._port: int | None = None
         self._ids = itertools.count(1)
+        self.warm = asyncio.Event()
+        if not self.behaviour.warming_up:
+            self.warm.set()
 
     @property
     def active(self) -> int:
@@ -104,6 +110,7 @@ class FakeServer:
             self._server = None
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
+        await self.warm.wait()
         ws = web.WebSocketResponse(max_msg_size=8 * 1024 * 1024)
         await ws.prepare(request)
         transport = request.transport

@@ -12,6 +12,7 @@ import pytest
 from agent.plugins.base import PluginError, SessionConfig
 from agent.plugins.remote.link import LinkSettings
 from agent.plugins.remote.moshi_server import MoshiServerPlugin
+from agent.plugins.remote.pool import UpstreamPool
 from agent.plugins.remote.plugin import RemotePlugin
 from agent.plugins.remote.vllm_omni import VllmOmniPlugin
 
@@ -258,5 +259,29 @@ async def test_the_engine_is_not_called_stalled_while_the_call_is_still_connecti
     outputs = await driver.run_until(session, lambda outs: sum(loud(o) for o in outs) >= 5,
                                      signal=tone(1.0))
     assert not any(o.error for o in outputs)
+    await driver.close(session)
+    await finish(driver, [fake])
+
+
+@pytest.mark.parametrize("kind", ["vllm", "moshi"])
+async def test_a_server_holding_the_upgrade_is_warming_not_failed(
+    start_fake: StartFake, kind: str
+) -> None:
+    fake = await start_fake(kind, Behaviour(warming_up=True))
+    settings = LinkSettings(connect_timeout=0.3, handshake_timeout=2.0, stall_timeout=0.6)
+    pool = UpstreamPool([fake.url], 0, warmup_seconds=120.0, warming_retry_seconds=0.5)
+    driver = Driver(PLUGINS[kind]([fake.url], settings=settings, pool=pool))
+    with pytest.raises(PluginError) as refused:
+        await driver.open()
+    assert refused.value.status == 503 and refused.value.code == "upstream_warming_up"
+    with pytest.raises(PluginError) as again:  # within the retry interval: not even tried
+        await driver.open()
+    assert again.value.code == "upstreams_warming_up"
+    upstream = driver.plugin.health()["upstreams"][0]
+    assert upstream["failures"] == 0 and upstream["warming_for_s"] is not None
+    fake.warm.set()
+    await asyncio.sleep(0.55)
+    session = await driver.open()
+    assert driver.plugin.health()["upstreams"][0]["warming_for_s"] is None
     await driver.close(session)
     await finish(driver, [fake])

@@ -96,3 +96,38 @@ def test_a_pool_needs_an_upstream() -> None:
     with pytest.raises(PluginError) as refused:
         UpstreamPool([])
     assert refused.value.code == "no_upstream"
+
+
+def test_a_warming_upstream_is_retried_without_failing_until_its_allowance_runs_out() -> None:
+    clock = ManualClock()
+    pool = UpstreamPool(["ws://gpu0"], clock=clock, backoff_seconds=1.0,
+                        warmup_seconds=120.0, warming_retry_seconds=5.0)
+    upstream = pool.upstreams[0]
+    pool.mark_warming(upstream)
+    with pytest.raises(PluginError) as refused:
+        pool.acquire()
+    assert refused.value.status == 503 and refused.value.code == "upstreams_warming_up"
+    assert upstream.failures == 0 and upstream.describe(clock.now)["warming_for_s"] == 0.0
+    clock.now += 5.0
+    assert pool.candidates() == [upstream]  # tried again after the retry interval
+    clock.now += 110.0
+    pool.mark_warming(upstream)  # 115 s into its warm-up: still not a failure
+    assert upstream.failures == 0 and upstream.describe(clock.now)["warming_for_s"] == 115.0
+    clock.now += 5.0
+    pool.mark_warming(upstream)  # 120 s: the allowance is spent
+    assert upstream.failures == 1 and upstream.last_error == "upstream_warmup_timeout"
+    assert upstream.warming_since is None
+    with pytest.raises(PluginError) as refused:
+        pool.acquire()
+    assert refused.value.code == "upstreams_unavailable"
+
+
+def test_a_warm_up_that_ends_clears_the_warming_state() -> None:
+    pool, clock = make_pool(1)
+    upstream = pool.upstreams[0]
+    pool.mark_warming(upstream)
+    clock.now += 60.0
+    pool.mark_ok(upstream)
+    assert upstream.warming_since is None and upstream in pool.candidates()
+    pool.mark_warming(upstream)  # a later restart gets a whole new allowance
+    assert upstream.describe(clock.now)["warming_for_s"] == 0.0

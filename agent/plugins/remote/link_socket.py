@@ -14,6 +14,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 import aiohttp
+from yarl import URL
 
 from .latency import LinkLatency
 from .link_types import MAX_MESSAGE_BYTES, LinkSettings, Outgoing, UpstreamError
@@ -22,6 +23,20 @@ log = logging.getLogger(__name__)
 
 MessageHandler = Callable[[aiohttp.WSMessage, float], None]
 FailureHandler = Callable[[UpstreamError], None]
+
+
+async def accepts_tcp(url: str, timeout: float) -> bool:
+    """Whether the URL's host takes a TCP connection within `timeout` seconds."""
+    parsed = URL(url)
+    if parsed.host is None or parsed.port is None:
+        return False
+    try:
+        _, writer = await asyncio.wait_for(asyncio.open_connection(parsed.host, parsed.port),
+                                           timeout)
+    except (OSError, asyncio.TimeoutError):
+        return False
+    writer.close()
+    return True
 
 
 class LinkSocket:
@@ -49,6 +64,15 @@ class LinkSocket:
                 self.settings.connect_timeout,
             )
         except asyncio.TimeoutError:
+            if await accepts_tcp(url, self.settings.connect_timeout):
+                # vllm-omni holds the upgrade while its engine warms up (up to minutes):
+                # that is a server starting, not a server failing.
+                raise UpstreamError(
+                    "upstream_warming_up", f"model server {self.label} accepts connections "
+                    f"but did not answer the websocket upgrade within "
+                    f"{self.settings.connect_timeout:g} s (warming up?)", status=503,
+                    pool_effect="warming",
+                ) from None
             raise UpstreamError(
                 "upstream_unreachable", f"no answer from model server {self.label} within "
                 f"{self.settings.connect_timeout:g} s", status=503, pool_effect="failed",

@@ -8,7 +8,7 @@ from typing import Literal
 from ...redact import redact_text
 from ..base import PluginError
 
-PoolEffect = Literal["failed", "full"] | None
+PoolEffect = Literal["failed", "full", "warming"] | None
 Payload = str | bytes
 MAX_MESSAGE_BYTES = 4 * 1024 * 1024
 
@@ -30,7 +30,7 @@ def protocol_error(message: str) -> UpstreamError:
 
 @dataclass(frozen=True)
 class LinkSettings:
-    connect_timeout: float = 5.0
+    connect_timeout: float = 5.0  # TCP connect and the websocket upgrade's answer
     handshake_timeout: float = 20.0  # a Moshi server prefills its prompt before answering
     stall_timeout: float = 5.0  # no message from the engine this long while sending → error
     close_timeout: float = 2.0

@@ -33,7 +33,7 @@ from ..base import (
     StepOutput,
 )
 from .link import LinkRequest, LinkSettings, UpstreamError, UpstreamLink
-from .pool import UpstreamPool
+from .pool import WARMUP_SECONDS, UpstreamPool
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +61,10 @@ class RemotePlugin(Plugin):
         PluginFlag("--upstream-handshake-timeout", "seconds a remote engine may take to accept "
                    "a session (a Moshi server prefills its prompt first)", default=20.0,
                    type=float, metavar="S"),
+        PluginFlag("--upstream-warmup-timeout", "seconds a remote engine that accepts "
+                   "connections but holds the websocket upgrade (warming up) is waited for "
+                   "before it counts as failed; callers meanwhile get 503 "
+                   "upstreams_warming_up", default=WARMUP_SECONDS, type=float, metavar="S"),
         PluginFlag("--upstream-stall-timeout", "seconds without a message from a remote engine "
                    "before the call gets an error", default=5.0, type=float, metavar="S"),
     )
@@ -108,9 +112,16 @@ class RemotePlugin(Plugin):
         if not (settings.handshake_timeout > 0 and settings.stall_timeout > 0):
             raise PluginError("invalid_option", "upstream timeouts must be positive seconds",
                               status=500)
+        warmup_seconds = float(options.extra.get("upstream_warmup_timeout", WARMUP_SECONDS))
+        if warmup_seconds < 0:
+            raise PluginError("invalid_option", "--upstream-warmup-timeout must be 0 or more",
+                              status=500)
+        pool = UpstreamPool(options.upstreams,
+                            cls.default_capacity if capacity is None else int(capacity),
+                            warmup_seconds=warmup_seconds)
         return cls(
             options.upstreams, capacity=capacity, model=options.model, voice=options.voice,
-            settings=settings,
+            settings=settings, pool=pool,
         )
 
     def capabilities(self) -> Capabilities:
@@ -186,6 +197,8 @@ class RemotePlugin(Plugin):
                     raise  # the engine refused this session itself: another would too
                 if exc.pool_effect == "full":
                     self.pool.mark_full(lease.upstream)
+                elif exc.pool_effect == "warming":
+                    self.pool.mark_warming(lease.upstream)
                 else:
                     self.pool.mark_failed(lease.upstream, exc.code)
                 log.warning("upstream %s: %s: %s", lease.label, exc.code, printable(exc.message))

@@ -3,7 +3,10 @@
 Each upstream has a capacity (0 = unlimited). A server that cannot be reached, or drops a call,
 is skipped for a backoff period that doubles on each consecutive failure; once it expires the
 next call tries it again, and a success clears the failures. A server that says it is full is
-skipped for a short cool-down without counting as a failure.
+skipped for a short cool-down without counting as a failure. A server that takes the TCP
+connection but holds the websocket upgrade is warming up (vllm-omni does so while its engine
+starts): it is retried every few seconds without counting as a failure until it has been
+warming for `warmup_seconds`, and only then backed off as failed.
 """
 
 from __future__ import annotations
@@ -19,6 +22,8 @@ from ..base import PluginError
 DEFAULT_BACKOFF_SECONDS = 1.0
 MAX_BACKOFF_SECONDS = 30.0
 FULL_COOLDOWN_SECONDS = 2.0
+WARMUP_SECONDS = 120.0
+WARMING_RETRY_SECONDS = 5.0
 RTT_BUCKETS = (0.05, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.0, float("inf"))
 
 
@@ -31,6 +36,7 @@ class Upstream:
     failures: int = 0  # consecutive
     failures_total: int = 0
     skip_until: float = 0.0
+    warming_since: float | None = None  # first held upgrade of the current warm-up
     last_error: str | None = None
     # Round trips (input frame sent → its answering output frame), for /metrics: cumulative
     # counts per upper bound in RTT_BUCKETS, and their sum.
@@ -58,6 +64,8 @@ class Upstream:
             "active": self.active,
             "assigned": self.assigned,
             "healthy": now >= self.skip_until,
+            "warming_for_s": (None if self.warming_since is None
+                              else round(now - self.warming_since, 3)),
             "failures": self.failures,
             "failures_total": self.failures_total,
             "rtt_seconds": {"buckets": dict(zip(map(str, RTT_BUCKETS), self.rtt_counts)),
@@ -101,6 +109,8 @@ class UpstreamPool:
         backoff_seconds: float = DEFAULT_BACKOFF_SECONDS,
         max_backoff_seconds: float = MAX_BACKOFF_SECONDS,
         full_cooldown_seconds: float = FULL_COOLDOWN_SECONDS,
+        warmup_seconds: float = WARMUP_SECONDS,
+        warming_retry_seconds: float = WARMING_RETRY_SECONDS,
     ) -> None:
         if not urls:
             raise PluginError("no_upstream", "at least one --upstream URL is required")
@@ -111,6 +121,8 @@ class UpstreamPool:
         self.backoff_seconds = backoff_seconds
         self.max_backoff_seconds = max_backoff_seconds
         self.full_cooldown_seconds = full_cooldown_seconds
+        self.warmup_seconds = warmup_seconds
+        self.warming_retry_seconds = warming_retry_seconds
 
     @property
     def total_capacity(self) -> int:
@@ -141,6 +153,11 @@ class UpstreamPool:
             u for u in self.upstreams
             if (now >= u.skip_until and not u.has_room()) or (u.failures == 0 and u.skip_until > now)
         ]
+        if any(u.warming_since is not None for u in self.upstreams):
+            return PluginError(
+                "upstreams_warming_up",
+                "a model server is still warming up; retry in a few seconds", status=503,
+            )
         if full:
             return PluginError(
                 "upstreams_full",
@@ -156,6 +173,7 @@ class UpstreamPool:
     def mark_ok(self, upstream: Upstream) -> None:
         upstream.failures = 0
         upstream.skip_until = 0.0
+        upstream.warming_since = None
         upstream.last_error = None
 
     def mark_failed(self, upstream: Upstream, reason: str) -> None:
@@ -166,6 +184,18 @@ class UpstreamPool:
         )
         upstream.skip_until = self.clock() + delay
         upstream.last_error = reason
+
+    def mark_warming(self, upstream: Upstream) -> None:
+        """The server holds the upgrade: wait for it, up to `warmup_seconds` in all."""
+        now = self.clock()
+        if upstream.warming_since is None:
+            upstream.warming_since = now
+        if now - upstream.warming_since >= self.warmup_seconds:
+            upstream.warming_since = None
+            self.mark_failed(upstream, "upstream_warmup_timeout")
+            return
+        upstream.skip_until = max(upstream.skip_until, now + self.warming_retry_seconds)
+        upstream.last_error = "upstream_warming_up"
 
     def mark_full(self, upstream: Upstream) -> None:
         upstream.skip_until = max(upstream.skip_until, self.clock() + self.full_cooldown_seconds)
