@@ -79,6 +79,15 @@ class EventChannel:
             return
         try:
             self._send(json.dumps(event))
+        except ValueError as exc:
+            # Over the peer's max-message-size (an event echoing 64 KiB of instructions to a
+            # peer that takes no more): this event is lost, the channel is not.
+            log.warning("data channel: %s event not sent: %s", event.get("type"), exc)
+            if event.get("type") != "error":
+                self.send(error_event(
+                    "event_too_large", f"a {event.get('type')} event was too large for this "
+                    "data channel's max-message-size and was not sent",
+                    error_type="server_error"))
         except Exception as exc:  # a closing channel must not break the media path
             log.debug("data channel send failed: %s", exc)
             self._send = None

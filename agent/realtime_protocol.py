@@ -18,6 +18,7 @@ import numpy as np
 from .client_inbox import ClientEventInbox, RawEvent
 from .errors import AgentError
 from .events import (
+    MAX_CLIENT_EVENT_BYTES,
     EventChannel, Send, error_event, error_event_from, parse_client_event, peek_event_id,
     server_event,
 )
@@ -137,6 +138,11 @@ class RealtimeProtocol:
             f"a second (bursts of {settings.client_event_burst})",
             client_event_id=peek_event_id(raw),
         ))
+
+    def refuse_oversized(self) -> None:
+        """A message over the data channel's size limit was dropped as it arrived."""
+        self.leg.emit(error_event("message_too_large",
+                                  f"events are limited to {MAX_CLIENT_EVENT_BYTES // 1024} KiB"))
 
     async def handle_client_event(self, raw: RawEvent) -> None:
         client_event_id = None

@@ -19,6 +19,8 @@ from aiortc.rtp import RtpPacket
 from aiortc.utils import uint16_add
 from aiortc.rtcrtpparameters import RTCRtpCodecParameters
 
+from .sctp_limit import missing_sctp_internals
+
 log = logging.getLogger(__name__)
 
 JITTER_CAPACITY = 16  # packets; a power of two, as aiortc requires
@@ -242,7 +244,8 @@ async def missing_internals() -> list[str]:
     Checked once at start-up so an aiortc upgrade shows up as one clear log line; each
     adjustment also falls back to aiortc's own behaviour by itself when its name is gone.
     """
-    missing = []
+    missing = [f"{name} (data-channel messages reassembled whole)"
+               for name in missing_sctp_internals()]
     if not hasattr(RTCCertificate, "_create_ssl_context"):
         missing.append("RTCCertificate._create_ssl_context (DTLS stays ECDSA-only)")
     pc = RTCPeerConnection()

@@ -27,6 +27,7 @@ from .outbound import AgentAudioTrack
 from .plugins.base import Plugin, StepOutput
 from .realtime_protocol import RealtimeProtocol
 from .rtc_tuning import InlineAudioDecoding
+from .sctp_limit import OVERSIZED_EVENT
 from .sdp import with_explicit_directions
 from .ticker import Ticker
 
@@ -73,6 +74,7 @@ class WebRtcLeg(Leg):
 
     def attach_channel(self, channel: RTCDataChannel) -> None:
         channel.on("message", self.realtime.inbox.offer)
+        channel.on(OVERSIZED_EVENT, self.realtime.refuse_oversized)
         channel.on("close", self.realtime.detach)
         self.realtime.attach(channel.send)
 

@@ -66,7 +66,7 @@ class RealtimeClient:
 
     def __init__(self, base_url: str, *, token: str | None = None, seconds: float = 30.0,
                  ice_servers: list[RTCIceServer] | None = None, relay_only: bool = False,
-                 signal: np.ndarray | None = None) -> None:
+                 signal: np.ndarray | None = None, ordered: bool = True) -> None:
         self.base_url = base_url.rstrip("/")
         self.token = token
         policy = RTCIceTransportPolicy.RELAY if relay_only else RTCIceTransportPolicy.ALL
@@ -86,7 +86,7 @@ class RealtimeClient:
         self._tasks: list[asyncio.Task[None]] = []
         self.pc.on("connectionstatechange", self._on_state)
         self.pc.on("track", self._on_track)
-        self.channel = self.pc.createDataChannel("oai-events")
+        self.channel = self.pc.createDataChannel("oai-events", ordered=ordered)
         self.channel.on("message", self._on_message)
         self.channel.on("open", self.channel_open.set)
         self.pc.addTrack(self.source)
@@ -165,6 +165,10 @@ class RealtimeClient:
                             return event
                     await self._event_added.wait()
         return await asyncio.wait_for(find(), timeout)
+
+    def ignore_max_message_size(self) -> None:
+        """Send messages of any size, like a client that ignores `a=max-message-size`."""
+        self.pc.sctp._remote_max_message_size = 0  # aiortc checks it only when non-zero
 
     async def send_event(self, event: dict[str, Any] | str | bytes) -> int:
         """Send a client event; returns the index the reply events will start at."""

@@ -252,6 +252,7 @@ async def test_hostile_data_channel_events(start_agent: AgentFactory,
     realtime_clients.append(client)
     await client.call()
     await client.wait_event("session.created")
+    client.ignore_max_message_size()
     for label, raw, code, param in DATA_CHANNEL_CASES:
         mark = await client.send_event(raw)
         error = (await client.wait_event("error", after=mark))["error"]
