@@ -49,6 +49,10 @@ class AgentAudioTrack(MediaStreamTrack):
         self.chunks_sent = 0
         self.bytes_sent = 0  # encoded payload bytes, known only with the inline encoder
 
+    @property
+    def encodes_inline(self) -> bool:
+        return self._encoder is not None
+
     def use_inline_encoder(self, mime_type: str) -> None:
         """Return encoded packets instead of raw frames (set once the codec is negotiated)."""
         self._encoder = InlineAudioEncoder(mime_type, self.sample_rate)

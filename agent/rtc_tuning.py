@@ -11,7 +11,7 @@ from typing import Any
 
 import av
 
-from aiortc import RTCPeerConnection, RTCRtpReceiver, RTCRtpTransceiver
+from aiortc import RTCPeerConnection, RTCRtpReceiver, RTCRtpSender, RTCRtpTransceiver
 from aiortc.codecs import get_decoder
 from aiortc.jitterbuffer import JitterBuffer, JitterFrame
 from aiortc.rtcdtlstransport import RTCCertificate
@@ -238,6 +238,13 @@ def accept_rsa_dtls_peers() -> bool:
     return True
 
 
+def sent_payload_bytes(sender: RTCRtpSender) -> int | None:
+    """RTP payload bytes the sender has sent (what its `getStats()` calls bytesSent, read
+    without awaiting a stats report), or None when aiortc no longer keeps the count."""
+    count = getattr(sender, "_RTCRtpSender__octet_count", None)
+    return count if isinstance(count, int) else None
+
+
 async def missing_internals() -> list[str]:
     """The aiortc internals this module relies on that the installed aiortc lacks.
 
@@ -253,6 +260,9 @@ async def missing_internals() -> list[str]:
         transceiver = pc.addTransceiver("audio")
         if not hasattr(transceiver, "_codecs"):
             missing.append("RTCRtpTransceiver._codecs (codec choice left to aiortc)")
+        if sent_payload_bytes(transceiver.sender) is None:
+            missing.append("RTCRtpSender.__octet_count (outbound bytes read 0 without the "
+                           "inline encoder)")
         for attribute, fallback in (("_RTCRtpReceiver__jitter_buffer", "aiortc's jitter depth"),
                                     ("_RTCRtpReceiver__decoder_queue", "decoding on aiortc's thread")):
             if not hasattr(transceiver.receiver, attribute):

@@ -14,7 +14,7 @@ import secrets
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from aiortc import RTCDataChannel, RTCPeerConnection, RTCSessionDescription
+from aiortc import RTCDataChannel, RTCPeerConnection, RTCRtpSender, RTCSessionDescription
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
 from . import rtc_tuning
@@ -55,6 +55,7 @@ class WebRtcLeg(Leg):
         self.realtime = RealtimeProtocol(self)
         self.inbound_decoding: InlineAudioDecoding | None = None  # None: aiortc decodes
         self.codec: str | None = None
+        self.sender: RTCRtpSender | None = None  # set once the offer is accepted
         pc.on("track", self.on_remote_track)
         pc.on("datachannel", self.attach_channel)
         pc.on("connectionstatechange", self.on_connection_state)
@@ -124,6 +125,7 @@ class WebRtcLeg(Leg):
         if settings.inline_encoding and supports_inline(codec.mimeType):
             self.track.use_inline_encoder(codec.mimeType)
         self.codec = codec.mimeType.split("/")[-1]
+        self.sender = main.sender
 
 
     # -- media ------------------------------------------------------------------------------
@@ -176,7 +178,10 @@ class WebRtcLeg(Leg):
     # -- reporting --------------------------------------------------------------------------
 
     def outbound_counts(self) -> tuple[int, int]:
-        return self.track.chunks_sent, self.track.bytes_sent
+        if self.track.encodes_inline or self.sender is None:
+            return self.track.chunks_sent, self.track.bytes_sent
+        # aiortc encodes on its own thread: only its sender knows the payload sizes.
+        return self.track.chunks_sent, rtc_tuning.sent_payload_bytes(self.sender) or 0
 
     def stats(self) -> dict[str, Any]:
         return {

@@ -163,3 +163,22 @@ async def test_garbage_collector_pauses_are_timed_by_generation(echo_agent: Runn
     counts = {s.labels["generation"]: s.value for s in families["agent_gc_pause_seconds"].samples
               if s.name.endswith("_count")}
     assert counts["2"] >= 1
+
+
+async def test_outbound_bytes_are_counted_when_aiortc_encodes(start_agent: AgentFactory) -> None:
+    running = await start_agent(settings=AgentSettings(inline_encoding=False))
+    call = asyncio.ensure_future(run_call(running.url, seconds=3.0))
+    await wait_until(lambda: any(c.connected_at for c in running.agent.calls.values()), 20)
+    await asyncio.sleep(1.0)
+    leg = next(iter(running.agent.calls.values()))
+    assert not leg.track.encodes_inline
+    during = await scrape(running.url)
+    assert value(during, "agent_outbound_bytes_total", transport="webrtc") > 100
+    # The count is what the sender's own stats report (payload bytes, no RTP headers).
+    stats = await leg.sender.getStats()
+    sent = next(s.bytesSent for s in stats.values() if s.type == "outbound-rtp")
+    _, counted = leg.outbound_counts()
+    assert 100 < sent <= counted <= sent + 2000  # read a moment later
+    report, _, _ = await call
+    assert report.ok, report.error
+    await wait_until(lambda: all_freed(running))
