@@ -27,7 +27,7 @@ from .errors import AgentError
 from .events import error_event, error_event_from
 from .framing import FrameAssembler
 from .playout import PlayoutBuffer
-from .plugins.base import Plugin, RuntimeConfig, SessionConfig, StepOutput
+from .plugins.base import Plugin, PluginError, RuntimeConfig, SessionConfig, StepOutput
 from .recording import CallRecorder, recorder_for, take_record_option
 from .task_owner import TaskOwner
 from .ticker import PluginSlot, Ticker
@@ -57,6 +57,10 @@ async def prepare_config(plugin: Plugin, session_config: SessionConfig) -> Prepa
     reserve resources for it (a remote engine's session): hand the result to
     `Leg.open_plugin_slot`, or back with `plugin.discard_runtime_config`."""
     session_config, record_allowed = take_record_option(session_config)
+    if session_config.voice_audio is not None and not plugin.capabilities().voice_upload:
+        raise PluginError("voice_upload_unsupported",
+                          f"plugin '{plugin.id}' takes no uploaded voice recordings",
+                          param="voice_audio")
     runtime_config = await plugin.prepare_runtime_config(session_config)
     return PreparedConfig(session_config, runtime_config, record_allowed)
 

@@ -107,6 +107,10 @@ def build_parser() -> argparse.ArgumentParser:
     calls.add_argument("--record-format", choices=("flac", "opus"), default="flac",
                        help="--record-dir files: flac (lossless, <call_id>.flac) or opus "
                        "(Ogg-Opus, about a tenth of the size, <call_id>.ogg)")
+    calls.add_argument("--max-voice-upload-bytes", type=int, default=0, metavar="BYTES",
+                       help="take a voice recording uploaded with an offer (multipart field "
+                       "'voice_audio', plugins with voice_upload) up to this size; 0 = refuse "
+                       "uploads (default). 4000000 holds 60 s of 24 kHz 16-bit mono WAV")
     calls.add_argument("--ice-host", action="append", default=None, metavar="ADDR",
                        help="gather ICE host candidates only on this address (repeatable; "
                        "default: every interface; 127.0.0.1 keeps calls on loopback)")
@@ -209,7 +213,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     app = create_app(agent, auth=auth_settings, cors_origins=cors.origins_from_args(args),
                      telephony_config=telephony.config_from_args(args),
                      body_timeout=args.body_timeout, drain_seconds=args.drain_seconds,
-                     metrics_enabled=not args.no_metrics)
+                     metrics_enabled=not args.no_metrics,
+                     voice_upload_bytes=args.max_voice_upload_bytes)
     app.on_startup.append(_drain_on_sigterm)
     app.on_startup.append(gc_tuning.freeze_after_startup)  # after the plugin loaded
     if auth_settings.open:

@@ -12,7 +12,7 @@ from agent.log_safe import printable
 from agent.media_agent import MediaAgent
 from agent.errors import AgentError
 
-from . import drain, health, metrics, offer, realtime_api, slow_clients, telephony
+from . import drain, health, metrics, offer, realtime, realtime_api, slow_clients, telephony
 from .auth import AuthSettings
 from .errors import error_response, json_error
 from .keys import AGENT_KEY
@@ -63,10 +63,12 @@ def create_app(
     body_timeout: float = slow_clients.DEFAULT_BODY_TIMEOUT,
     drain_seconds: float = drain.DEFAULT_DRAIN_SECONDS,
     metrics_enabled: bool = True,
+    voice_upload_bytes: int = 0,
 ) -> web.Application:
     app = web.Application(middlewares=[error_middleware, slow_clients.body_timeout_middleware],
                           client_max_size=max_body_bytes)
     app[AGENT_KEY] = agent
+    app[realtime.VOICE_UPLOAD_BYTES_KEY] = max(0, voice_upload_bytes)
     slow_clients.setup(app, body_timeout)
     realtime_api.install(app, auth_settings=auth, cors_origins=cors_origins)
     offer.add_routes(app)

@@ -1,6 +1,7 @@
 """OpenAI-Realtime / WHIP-style call resources: `/v1/realtime/calls`.
 
-`POST /v1/realtime/calls` (application/sdp offer, or multipart `sdp` + `session`) creates a
+`POST /v1/realtime/calls` (application/sdp offer, or multipart `sdp` + `session`, and a
+`voice_audio` recording where `--max-voice-upload-bytes` allows it) creates a
 call and answers `201 Created` with the SDP answer, `Location`, `ETag` and one `Link` per ICE
 server. The call resource then takes `GET` (its session and live stats), `DELETE` /
 `POST .../hangup` (end it) and `PATCH` (trickled ICE candidates). A call belongs to the credential that created it; asking about
@@ -11,7 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import secrets
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from aiohttp import web
@@ -34,6 +35,8 @@ MULTIPART_TYPE = "multipart/form-data"
 TRICKLE_TYPE = "application/trickle-ice-sdpfrag"
 MAX_SESSION_JSON_BYTES = 64 * 1024
 MAX_MULTIPART_BYTES = MAX_SDP_BYTES + MAX_SESSION_JSON_BYTES + 8 * 1024
+VOICE_AUDIO_FIELD = "voice_audio"  # a voice recording uploaded with the offer
+VOICE_UPLOAD_BYTES_KEY = web.AppKey("voice_upload_bytes", int)  # 0: uploads refused
 
 
 @dataclass
@@ -124,23 +127,29 @@ async def read_offer(request: web.Request) -> tuple[str, SessionConfig | None]:
 
 async def read_multipart_offer(request: web.Request) -> tuple[str, SessionConfig | None]:
     # Streaming multipart reads bypass aiohttp's body limit, so bound the whole body here.
+    upload_limit = request.app.get(VOICE_UPLOAD_BYTES_KEY, 0)
+    body_limit = MAX_MULTIPART_BYTES + upload_limit
     if request.content_length is None:
         raise ApiError("length_required", "multipart offers need a Content-Length", status=411)
-    if request.content_length > MAX_MULTIPART_BYTES:
+    if request.content_length > body_limit:
         raise ApiError("body_too_large",
-                       f"multipart offers are limited to {MAX_MULTIPART_BYTES} bytes", status=413)
+                       f"multipart offers are limited to {body_limit} bytes", status=413)
     try:
         reader = await request.multipart()
     except Exception:
         raise ApiError("invalid_multipart", "the multipart body cannot be read") from None
     fields: dict[str, bytes] = {}
-    limits = {"sdp": MAX_SDP_BYTES, "session": MAX_SESSION_JSON_BYTES}
+    limits = {"sdp": MAX_SDP_BYTES, "session": MAX_SESSION_JSON_BYTES,
+              VOICE_AUDIO_FIELD: upload_limit}
     try:
         while (part := await reader.next()) is not None:
             name = getattr(part, "name", None)
             if name not in limits:
-                raise ApiError("unknown_field",
-                               f"unknown form field {name!r} (expected sdp, session)")
+                raise ApiError("unknown_field", f"unknown form field {name!r} "
+                               f"(expected sdp, session, {VOICE_AUDIO_FIELD})")
+            if name == VOICE_AUDIO_FIELD and upload_limit == 0:
+                raise ApiError("voice_upload_disabled", "this server takes no uploaded voice "
+                               "recordings (--max-voice-upload-bytes)", param=name, status=403)
             if name in fields:
                 raise ApiError("duplicate_field", f"form field '{name}' appears twice",
                                param=name)
@@ -169,6 +178,11 @@ async def read_multipart_offer(request: web.Request) -> tuple[str, SessionConfig
             raise ApiError("invalid_json", "form field 'session' is not valid JSON",
                            param="session") from None
         session = session_config_from_realtime(obj, param="session")
+    if VOICE_AUDIO_FIELD in fields:
+        session = replace(session or SessionConfig(), voice_audio=fields[VOICE_AUDIO_FIELD])
+        if session.voice is not None:
+            raise ApiError("conflicting_voice", f"give either session.voice or a "
+                           f"'{VOICE_AUDIO_FIELD}' recording, not both", param="session.voice")
     return sdp, session
 
 

@@ -127,24 +127,27 @@ class RealtimeClient:
         return self.pc.localDescription.sdp
 
     async def post(self, http: aiohttp.ClientSession, sdp: str,
-                   session: dict[str, Any] | None = None, multipart: bool = False
-                   ) -> aiohttp.ClientResponse:
+                   session: dict[str, Any] | None = None, multipart: bool = False,
+                   voice_audio: bytes | None = None) -> aiohttp.ClientResponse:
         url = self.base_url + CALLS
-        if multipart or session is not None:
+        if multipart or session is not None or voice_audio is not None:
             form = aiohttp.FormData(default_to_multipart=True)
             form.add_field("sdp", sdp)
             if session is not None:
                 form.add_field("session", json.dumps(session))
+            if voice_audio is not None:
+                form.add_field("voice_audio", voice_audio, filename="voice.wav",
+                               content_type="audio/wav")
             return await http.post(url, data=form, headers=self.headers)
         return await http.post(url, data=sdp,
                                headers={**self.headers, "Content-Type": "application/sdp"})
 
     async def call(self, session: dict[str, Any] | None = None, *, multipart: bool = False,
-                   connect_timeout: float = 15.0) -> None:
+                   connect_timeout: float = 15.0, voice_audio: bytes | None = None) -> None:
         """Offer, take the answer, wait until connected. Raises on refusal."""
         sdp = await self.offer_sdp()
         async with aiohttp.ClientSession() as http:
-            response = await self.post(http, sdp, session, multipart)
+            response = await self.post(http, sdp, session, multipart, voice_audio)
             async with response:
                 body = await response.text()
                 self.response_headers = response.headers

@@ -37,6 +37,9 @@ class SessionConfig:
     voice: str | None = None
     instructions: str | None = None
     extra_body: Mapping[str, Any] = field(default_factory=dict)
+    # A voice recording uploaded with the offer (its bytes, as sent); only plugins whose
+    # capabilities say `voice_upload` take it.
+    voice_audio: bytes | None = field(default=None, repr=False)
 
     @classmethod
     def from_json(cls, obj: Any, *, param: str = "session") -> SessionConfig:
@@ -64,6 +67,7 @@ class SessionConfig:
                 update.instructions if update.instructions is not None else self.instructions
             ),
             extra_body={**self.extra_body, **update.extra_body},
+            voice_audio=update.voice_audio if update.voice_audio is not None else self.voice_audio,
         )
 
 
@@ -102,6 +106,7 @@ class Capabilities:
     default_voice: str | None = None
     voice_update: bool = False
     instructions_update: bool = False
+    voice_upload: bool = False  # takes SessionConfig.voice_audio
 
     @property
     def frame_seconds(self) -> float:
@@ -120,6 +125,7 @@ class Capabilities:
             "default_voice": self.default_voice,
             "voice_update": self.voice_update,
             "instructions_update": self.instructions_update,
+            "voice_upload": self.voice_upload,
         }
 
 

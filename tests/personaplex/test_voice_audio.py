@@ -12,7 +12,7 @@ import pytest
 import sphn
 import torch
 
-from agent.plugins.base import PluginOptions, SessionConfig
+from agent.plugins.base import PluginError, PluginOptions, SessionConfig
 from agent.plugins.personaplex import lm_config, mimi_config, streaming
 from agent.plugins.personaplex.checkpoint import inspect_checkpoint
 from agent.plugins.personaplex.lm_stepper import LMStepper
@@ -116,5 +116,44 @@ def test_the_plugin_serves_a_recorded_voice(checkpoint_with_recording: Path) -> 
         outputs = plugin.step([(session, np.zeros(1920, np.float32))])
         assert outputs[0].audio.shape == (1920,)
         plugin.close_session(session)
+    finally:
+        asyncio.run(plugin.close())
+
+
+def test_an_uploaded_recording_is_prefilled_once_per_content(
+        checkpoint_with_recording: Path, tmp_path: Path) -> None:
+    plugin = load_plugin("personaplex", PluginOptions(model_dir=str(checkpoint_with_recording),
+                                                      max_sessions=1))
+    assert isinstance(plugin, PersonaPlexPlugin)
+    asyncio.run(plugin.start())
+    try:
+        assert plugin.capabilities().voice_upload is True
+        recording = (checkpoint_with_recording / "voices" / "Custom_1.wav").read_bytes()
+        from_folder = asyncio.run(plugin.prepare_runtime_config(
+            SessionConfig(voice="Custom_1.wav", instructions="Hi.")))
+        uploaded = asyncio.run(plugin.prepare_runtime_config(
+            SessionConfig(voice_audio=recording, instructions="Hi.")))
+        assert uploaded.voice is not None and uploaded.voice.startswith("upload-")
+        # The same recording gives the same prompt, whether bundled or uploaded.
+        expected, snapshot = from_folder.options["prompt_snapshot"], uploaded.options["prompt_snapshot"]
+        assert all(torch.equal(snapshot[k], expected[k]) for k in expected)
+        model = plugin.model
+        assert model is not None and model.prompts is not None
+        prefills = model.prompts.prefills_run
+        again = asyncio.run(plugin.prepare_runtime_config(
+            SessionConfig(voice_audio=recording, instructions="Hi.")))
+        assert again.voice == uploaded.voice and model.prompts.prefills_run == prefills
+        other = voice_recording(tmp_path / "other.wav", seconds=0.9).read_bytes()
+        different = asyncio.run(plugin.prepare_runtime_config(
+            SessionConfig(voice_audio=other, instructions="Hi.")))
+        assert different.voice != uploaded.voice and model.prompts.prefills_run == prefills + 1
+        for bad, reason in ((b"RIFF not really a wave file", "cannot be read"),
+                            (voice_recording(tmp_path / "long.wav", seconds=61.0).read_bytes(),
+                             "limited to 60 s")):
+            with pytest.raises(PluginError) as refused:
+                asyncio.run(plugin.prepare_runtime_config(SessionConfig(voice_audio=bad)))
+            assert refused.value.code == "invalid_voice_audio" and refused.value.status == 400
+            assert reason in refused.value.message and refused.value.param == "voice_audio"
+        assert plugin.uploads.get(uploaded.voice) is None  # bytes dropped once prefilled
     finally:
         asyncio.run(plugin.close())

@@ -39,7 +39,7 @@ from . import checkpoint, lm_config, mimi_config, policy
 from .prompt import (
     PromptCache, PromptKey, PromptPlan, VoicePrompt, check_voice_prompt, detached_copy, persona_tokens,
 )
-from .voice_audio import encode_voice, read_voice_audio
+from .voice_audio import UploadedVoices, VoiceAudioError, encode_voice, read_voice_audio
 from .sampling import SamplingConfig
 from .stepper import BatchedStepper, FrameResult, SlotHandle
 
@@ -148,6 +148,7 @@ class PersonaPlexPlugin(Plugin):
         # ~200-frame prompt), so a GPU keeps fewer; live sessions keep their own alive anyway.
         self.prompt_cache_size = prompt_cache_size or (16 if self.device.type == "cuda" else 32)
         self.model: LoadedModel | None = None
+        self.uploads = UploadedVoices()
 
     @classmethod
     def from_options(cls, options: PluginOptions) -> PersonaPlexPlugin:
@@ -217,7 +218,8 @@ class PersonaPlexPlugin(Plugin):
             # own streaming state (the live calls stream through the original).
             voice_mimi = detached_copy(mimi)
             prompts = PromptCache(
-                lm, lambda voice, persona: self._plan(files, lm, voice_mimi, tokenizer, voice, persona),
+                lm, lambda voice, persona: self._plan(files, lm, voice_mimi, tokenizer, voice,
+                                                      persona, self.uploads),
                 capacity=self.prompt_cache_size)
         stepper = BatchedStepper(lm, mimi, self.max_sessions)
         log.info("%s: loaded %s on %s (%s), %d sessions", self.id, files.model_dir, self.device,
@@ -226,13 +228,14 @@ class PersonaPlexPlugin(Plugin):
 
     @staticmethod
     def _plan(files: checkpoint.CheckpointFiles, lm: Any, mimi: Any, tokenizer: Any,
-              voice: str | None, persona: str | None) -> PromptPlan:
+              voice: str | None, persona: str | None, uploads: UploadedVoices) -> PromptPlan:
         """What to prefill for (voice, persona); runs on the prefill thread."""
         voice_prompt, voice_codes = None, None
         if voice is not None and policy.voice_kind(voice) == "recording":
-            source = files.voices[voice]
-            assert isinstance(source, Path)  # recordings come from the voices folder only
-            audio = read_voice_audio(source, SAMPLE_RATE)
+            uploaded = uploads.get(voice)
+            source = uploaded if uploaded is not None else files.voices[voice]
+            assert isinstance(source, (Path, bytes))  # a file in the voices folder, or an upload
+            audio = read_voice_audio(source, SAMPLE_RATE, name=voice)
             voice_codes = encode_voice(mimi, audio, lm.num_agent_codebooks)
         elif voice is not None:
             raw = files.load_voice(voice, lm.device)
@@ -254,11 +257,14 @@ class PersonaPlexPlugin(Plugin):
             sample_rate=SAMPLE_RATE, frame_size=FRAME_SIZE, max_sessions=self.max_sessions,
             emits_text=True, voices=voices, default_voice=self.default_voice,
             voice_kinds=tuple((name, policy.voice_kind(name)) for name in voices),
-            voice_update=False, instructions_update=False,
+            voice_update=False, instructions_update=False, voice_upload=self.uses_prompt,
         )
 
     def _voice_and_persona(self, model: LoadedModel, config: SessionConfig) -> tuple[str | None, str | None]:
         assert self.default_voice is not None
+        if config.voice_audio is not None:
+            return policy.uploaded_voice_name(config.voice_audio), policy.persona_instructions(
+                config.instructions)
         voice = policy.validate_voice(config.voice, model.files.voices, self.default_voice)
         return voice, policy.persona_instructions(config.instructions)
 
@@ -271,11 +277,22 @@ class PersonaPlexPlugin(Plugin):
                                            int(kwargs["text_card"]), self.sampling)
         options: dict[str, Any] = {"sampling": sampling}
         if model.prompts is not None:
+            options[SNAPSHOT_OPTION] = await self._prompt_snapshot(model.prompts, voice, persona,
+                                                                   session_config.voice_audio)
+        return RuntimeConfig(voice=voice, instructions=persona, options=options)
+
+    async def _prompt_snapshot(self, prompts: PromptCache, voice: str, persona: str | None,
+                               upload: bytes | None) -> Any:
+        if upload is None:
             try:
-                options[SNAPSHOT_OPTION] = await model.prompts.get((voice, persona))
+                return await prompts.get((voice, persona))
             except ValueError as exc:  # a voice file that does not fit the model
                 raise checkpoint.model_dir_error(str(exc)) from exc
-        return RuntimeConfig(voice=voice, instructions=persona, options=options)
+        with self.uploads.holding(voice, upload):
+            try:
+                return await prompts.get((voice, persona))
+            except VoiceAudioError as exc:  # the caller's recording, not the server's files
+                raise PluginError("invalid_voice_audio", str(exc), param="voice_audio") from None
 
     def runtime_config_for_update(self, current: RuntimeConfig, update: SessionConfig) -> RuntimeConfig:
         if update.voice is not None and update.voice != current.voice:

@@ -5,6 +5,7 @@ Pure functions only (no model, no files), so every refusal has a coded error and
 
 from __future__ import annotations
 
+import hashlib
 import math
 import re
 from collections.abc import Collection, Mapping
@@ -44,6 +45,12 @@ SAMPLING_PRESETS = {"greedy": False, "reference": True}
 # embeddings) or .wav (a recording, encoded at first use), no leading dot.
 _VOICE_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*\.(pt|wav)$")
 VOICE_KINDS = {".pt": "embeddings", ".wav": "recording"}
+
+
+def uploaded_voice_name(data: bytes) -> str:
+    """The voice name of an uploaded recording: its content hash, so one recording uploaded
+    by many calls is encoded and prefilled once (and a client can't name another's)."""
+    return f"upload-{hashlib.blake2b(data, digest_size=12).hexdigest()}.wav"
 
 
 def voice_kind(name: str) -> str:

@@ -9,6 +9,10 @@ time from a fresh streaming state. The codes then go through the prefill as forc
 
 from __future__ import annotations
 
+import contextlib
+import tempfile
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -27,24 +31,68 @@ class VoiceAudioError(ValueError):
     """A voice recording that cannot be used; the message names the file and why."""
 
 
-def read_voice_audio(path: Path, sample_rate: int,
-                     max_seconds: float = MAX_VOICE_SECONDS) -> np.ndarray:
-    """The recording's first channel at `sample_rate`, float32, normalised to -24 LUFS."""
+class UploadedVoices:
+    """Uploaded recordings by voice name, held while a call waits for their prompt.
+
+    The prefill thread reads them from here; once the snapshot is made the cache keeps it by
+    the same name (the content hash), so the bytes are dropped when the last waiting call
+    is done with them.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._held: dict[str, tuple[bytes, int]] = {}
+
+    @contextlib.contextmanager
+    def holding(self, name: str, data: bytes) -> Iterator[None]:
+        with self._lock:
+            _, count = self._held.get(name, (data, 0))
+            self._held[name] = (data, count + 1)
+        try:
+            yield
+        finally:
+            with self._lock:
+                _, count = self._held[name]
+                if count == 1:
+                    del self._held[name]
+                else:
+                    self._held[name] = (data, count - 1)
+
+    def get(self, name: str) -> bytes | None:
+        with self._lock:
+            held = self._held.get(name)
+            return held[0] if held is not None else None
+
+
+def read_voice_audio(source: Path | bytes, sample_rate: int,
+                     max_seconds: float = MAX_VOICE_SECONDS, name: str | None = None) -> np.ndarray:
+    """The recording's first channel at `sample_rate`, float32, normalised to -24 LUFS.
+
+    `source` is a file, or the bytes of one (an upload); `name` is what errors call it.
+    """
+    label = name or (source.name if isinstance(source, Path) else "upload")
     try:
-        pcm, source_rate = sphn.read(str(path))
+        if isinstance(source, Path):
+            pcm, source_rate = sphn.read(str(source))
+        else:
+            # sphn reads files only; it probes the format from the content, not the name.
+            with tempfile.NamedTemporaryFile(prefix="voice-upload-") as spool:
+                spool.write(source)
+                spool.flush()
+                pcm, source_rate = sphn.read(spool.name)
     except Exception as exc:  # sphn raises plain exceptions for unreadable audio
-        raise VoiceAudioError(f"voice {path.name} cannot be read as audio: {exc}") from None
+        raise VoiceAudioError(f"voice {label} cannot be read as audio: {exc}") from None
     if pcm.size == 0:
-        raise VoiceAudioError(f"voice {path.name} has no audio")
+        raise VoiceAudioError(f"voice {label} has no audio")
     if pcm.shape[-1] / source_rate > max_seconds:
-        raise VoiceAudioError(f"voice {path.name} is {pcm.shape[-1] / source_rate:.1f} s long; "
+        raise VoiceAudioError(f"voice {label} is {pcm.shape[-1] / source_rate:.1f} s long; "
                               f"voice recordings are limited to {max_seconds:g} s")
     pcm = sphn.resample(pcm, src_sample_rate=source_rate, dst_sample_rate=sample_rate)
     mono = np.asarray(pcm[0], dtype=np.float64)  # the reference keeps the first channel
     meter = pyloudnorm.Meter(sample_rate)
     loudness = meter.integrated_loudness(mono)
     if not np.isfinite(loudness):
-        raise VoiceAudioError(f"voice {path.name} is silent (no loudness to normalise)")
+        raise VoiceAudioError(f"voice {label} is silent (no loudness to normalise)")
     return np.asarray(pyloudnorm.normalize.loudness(mono, loudness, TARGET_LUFS),
                       dtype=np.float32)
 
