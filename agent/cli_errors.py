@@ -1,4 +1,5 @@
-"""One-line command-line failures: `error [code]: message` on stderr and exit status 2.
+"""One-line command-line failures: `error [code]: message` on stderr and exit status 2
+(one such line per problem when there are several).
 
 Shared by every entry point (`python -m signaling`, `agent.offline`, `agent.peer`) so a
 start-up mistake reads the same everywhere and a script can match the code.
@@ -29,8 +30,9 @@ def format_cli_error(code: str, message: str) -> str:
 
 
 def exit_with_error(code: str, message: str, *, cause: BaseException | None = None) -> NoReturn:
-    """Print the one line and exit 2; the traceback only shows at --log-level debug."""
+    """Print the line(s) and exit 2; the traceback only shows at --log-level debug."""
     if cause is not None:
         log.debug("%s", format_cli_error(code, message), exc_info=cause)
-    print(format_cli_error(code, message), file=sys.stderr)
+    for line in message.splitlines() or [""]:  # several problems: one coded line each
+        print(format_cli_error(code, line), file=sys.stderr)
     raise SystemExit(EXIT_USAGE)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import wave
@@ -83,3 +84,22 @@ def test_offline_reports_coded_errors(tmp_path: Path, tiny_checkpoint: Path) -> 
     result = _run("--model-dir", str(tmp_path / "missing"), "--input", str(source),
                   "--output", str(tmp_path / "o.wav"))
     assert result.returncode == 2 and "model_dir_invalid" in result.stderr
+
+
+def test_every_missing_or_broken_release_file_gets_its_own_coded_line(
+        tmp_path: Path, tiny_checkpoint: Path) -> None:
+    partial = tmp_path / "partial"
+    shutil.copytree(tiny_checkpoint, partial)
+    (partial / "tokenizer_spm_32k_3.model").unlink()
+    shutil.rmtree(partial / "voices")
+    (partial / "tokenizer-e351c8d8-checkpoint125.safetensors").write_bytes(b"\xff" * 64)
+    source = tmp_path / "in.wav"
+    _write_input(source, seconds=0.2, rate=16000, channels=1)
+    result = _run("--model-dir", str(partial), "--input", str(source),
+                  "--output", str(tmp_path / "o.wav"))
+    lines = [line for line in result.stderr.splitlines() if line.startswith("error [")]
+    assert result.returncode == 2 and len(lines) == 3, result.stderr
+    assert all(line.startswith("error [model_dir_invalid]: ") for line in lines)
+    assert "Mimi weights" in lines[0] and "not a readable safetensors file" in lines[0]
+    assert "tokenizer file 'tokenizer_spm_32k_3.model'" in lines[1]
+    assert "no voice prompts" in lines[2]

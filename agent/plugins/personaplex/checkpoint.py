@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import safetensors
 import torch
 
 from ..base import PluginError
@@ -73,10 +74,18 @@ def _local_name(config: dict[str, Any], key: str, default: str) -> str:
     return name
 
 
-def _required_file(model_dir: Path, name: str, what: str) -> Path:
+def _required_file(model_dir: Path, name: str, what: str, problems: list[str]) -> Path:
+    """The file's path; a missing file, or weights whose header cannot be read, is noted."""
     path = model_dir / name
     if not path.is_file():
-        raise model_dir_error(f"{model_dir} has no {what} file '{name}'")
+        problems.append(f"{model_dir} has no {what} file '{name}'")
+    elif name.endswith(".safetensors"):
+        try:
+            with safetensors.safe_open(str(path), framework="pt") as weights:
+                weights.keys()
+        except Exception as exc:  # safetensors raises its own error types for bad headers
+            problems.append(f"{path} ({what}) is not a readable safetensors file: "
+                            f"{str(exc)[:200]}")
     return path
 
 
@@ -117,24 +126,30 @@ def inspect_checkpoint(model_dir: str | Path | None, *, need_voices: bool) -> Ch
         raise model_dir_error(f"{config_path} is not valid JSON: {exc}") from exc
     if not isinstance(config, dict):
         raise model_dir_error(f"{config_path} must hold a JSON object")
-    files = CheckpointFiles(
-        model_dir=root,
-        config=config,
-        lm_weights=_required_file(root, _local_name(config, "moshi_name", DEFAULT_LM_NAME),
-                                  "LM weights"),
-        mimi_weights=_required_file(root, _local_name(config, "mimi_name", DEFAULT_MIMI_NAME),
-                                    "Mimi weights"),
-        tokenizer=_required_file(
-            root, _local_name(config, "tokenizer_name", DEFAULT_TOKENIZER_NAME), "tokenizer"
-        ),
-        voices=_voices(root),
+    # Every missing or unreadable file is named at once, one line each: a user copying a
+    # release by hand fixes them in one go instead of one per start-up.
+    problems: list[str] = []
+    lm_weights = _required_file(root, _local_name(config, "moshi_name", DEFAULT_LM_NAME),
+                                "LM weights", problems)
+    mimi_weights = _required_file(root, _local_name(config, "mimi_name", DEFAULT_MIMI_NAME),
+                                  "Mimi weights", problems)
+    tokenizer = _required_file(
+        root, _local_name(config, "tokenizer_name", DEFAULT_TOKENIZER_NAME), "tokenizer", problems
     )
     if "mimi_config_name" in config:
-        _required_file(root, _local_name(config, "mimi_config_name", ""), "Mimi config")
-    if need_voices and not files.voices:
-        raise model_dir_error(
-            f"{root} has no voice prompts ({VOICES_DIR}/*.pt or {VOICES_ARCHIVE})"
-        )
+        _required_file(root, _local_name(config, "mimi_config_name", ""), "Mimi config", problems)
+    try:
+        voices = _voices(root)
+    except PluginError as exc:
+        problems.append(exc.message)
+        voices = {}
+    else:
+        if need_voices and not voices:
+            problems.append(f"{root} has no voice prompts ({VOICES_DIR}/*.pt or {VOICES_ARCHIVE})")
+    if problems:
+        raise model_dir_error("\n".join(problems))
+    files = CheckpointFiles(model_dir=root, config=config, lm_weights=lm_weights,
+                            mimi_weights=mimi_weights, tokenizer=tokenizer, voices=voices)
     return files
 
 
