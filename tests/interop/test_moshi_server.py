@@ -9,9 +9,11 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import aiohttp
 import numpy as np
 import pytest
 
@@ -20,6 +22,7 @@ from agent.plugins.personaplex.tiny_checkpoint import write_checkpoint
 from agent.plugins.remote.moshi_server import MoshiServerPlugin
 from agent.testing.peer import run_call
 from oracles import require as require_oracle
+from realtime_fixtures import RealtimeClient
 from support import AgentFactory, all_freed, wait_until
 
 LAUNCHER = Path(__file__).with_name("cpu_moshi_server.py")
@@ -67,13 +70,38 @@ async def moshi_server(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterato
         await server.wait()
 
 
+async def second_offer(base_url: str) -> tuple[int, str, str | None, float]:
+    client = RealtimeClient(base_url)
+    try:
+        sdp = await client.offer_sdp()
+        began = time.perf_counter()
+        async with aiohttp.ClientSession() as http:
+            response = await client.post(http, sdp)
+            async with response:
+                body = await response.json()
+                return (response.status, body["error"]["code"],
+                        response.headers.get("Retry-After"), time.perf_counter() - began)
+    finally:
+        await client.close()
+
+
 async def test_a_call_gets_model_audio_and_text_from_the_real_moshi_server(
     moshi_server: str, start_agent: AgentFactory,
 ) -> None:
     plugin = MoshiServerPlugin.from_options(PluginOptions(
         upstreams=(moshi_server,), extra={"upstream_kind": "kyutai"}))
     running = await start_agent(plugin)
-    report, _, received = await run_call(running.url, seconds=5.0)
+    call = asyncio.ensure_future(run_call(running.url, seconds=5.0))
+    await wait_until(lambda: any(c.connected_at for c in running.agent.calls.values()), 60)
+    # The reference server holds one conversation: a second caller is refused at once
+    # (capacity 1 by default for reference servers, so the agent is full), and that says
+    # nothing bad about the server.
+    status, code, retry_after, seconds = await second_offer(running.url)
+    print(f"second caller refused in {seconds * 1000:.0f} ms: {status} {code}")
+    assert (status, code, retry_after) == (503, "server_full", "5")  # the pool holds 1
+    assert seconds < 2.0
+    report, _, received = await call
+    assert plugin.pool.upstreams[0].failures_total == 0
     assert report.ok, report.error
     assert report.seconds_received > 4.0
     assert float(np.sqrt(np.mean(received[48000:] ** 2))) > 1e-3  # model audio, not silence
