@@ -200,7 +200,7 @@ async def test_unreachable_upstream_is_skipped_for_a_reachable_one(
     await dead.close()
     driver = Driver(VllmOmniPlugin([dead_url, fake.url], settings=FAST))
     sessions = [await driver.open() for _ in range(2)]
-    assert [s.link.url for s in sessions] == [fake.url, fake.url]
+    assert [s.link.lease.url for s in sessions] == [fake.url, fake.url]
     health = driver.plugin.health()["upstreams"]
     assert health[0]["healthy"] is False and health[0]["last_error"] == "upstream_unreachable"
     for session in sessions:

@@ -108,6 +108,32 @@ class LoadedModel:
 SNAPSHOT_OPTION = "prompt_snapshot"
 
 
+def prompt_plan(files: checkpoint.CheckpointFiles, lm: Any, mimi: Any, tokenizer: Any,
+                voice: str | None, persona: str | None, uploads: UploadedVoices) -> PromptPlan:
+    """What to prefill for (voice, persona); runs on the prefill thread."""
+    voice_prompt, voice_codes = None, None
+    if voice is not None and policy.voice_kind(voice) == "recording":
+        uploaded = uploads.get(voice)
+        source = uploaded if uploaded is not None else files.voices[voice]
+        assert isinstance(source, (Path, bytes))  # a file in the voices folder, or an upload
+        audio = read_voice_audio(source, SAMPLE_RATE, name=voice)
+        voice_codes = encode_voice(mimi, audio, lm.num_agent_codebooks)
+    elif voice is not None:
+        raw = files.load_voice(voice, lm.device)
+        voice_prompt = VoicePrompt(embeddings=raw["embeddings"], cache=raw["cache"])
+        check_voice_prompt(voice_prompt, lm, voice)
+    tokens = persona_tokens(tokenizer, persona) if persona is not None else ()
+    return PromptPlan(voice=voice_prompt, text_tokens=tokens, voice_codes=voice_codes)
+
+
+def step_output(model: LoadedModel, result: FrameResult) -> StepOutput:
+    return StepOutput(
+        audio=result.audio,
+        text=text_piece(model.tokenizer, result.text_token),
+        tokens={"text": result.text_token, "audio": result.audio_codes, "user": result.user_codes},
+    )
+
+
 class PersonaPlexSession(PluginSession):
     def __init__(self, config: RuntimeConfig, handle: SlotHandle, snapshot: Any, seed: int) -> None:
         super().__init__(config)
@@ -218,31 +244,13 @@ class PersonaPlexPlugin(Plugin):
             # own streaming state (the live calls stream through the original).
             voice_mimi = detached_copy(mimi)
             prompts = PromptCache(
-                lm, lambda voice, persona: self._plan(files, lm, voice_mimi, tokenizer, voice,
-                                                      persona, self.uploads),
+                lm, lambda voice, persona: prompt_plan(files, lm, voice_mimi, tokenizer, voice,
+                                                       persona, self.uploads),
                 capacity=self.prompt_cache_size)
         stepper = BatchedStepper(lm, mimi, self.max_sessions)
         log.info("%s: loaded %s on %s (%s), %d sessions", self.id, files.model_dir, self.device,
                  self.dtype, self.max_sessions)
         return LoadedModel(files, info, tokenizer, stepper, prompts)
-
-    @staticmethod
-    def _plan(files: checkpoint.CheckpointFiles, lm: Any, mimi: Any, tokenizer: Any,
-              voice: str | None, persona: str | None, uploads: UploadedVoices) -> PromptPlan:
-        """What to prefill for (voice, persona); runs on the prefill thread."""
-        voice_prompt, voice_codes = None, None
-        if voice is not None and policy.voice_kind(voice) == "recording":
-            uploaded = uploads.get(voice)
-            source = uploaded if uploaded is not None else files.voices[voice]
-            assert isinstance(source, (Path, bytes))  # a file in the voices folder, or an upload
-            audio = read_voice_audio(source, SAMPLE_RATE, name=voice)
-            voice_codes = encode_voice(mimi, audio, lm.num_agent_codebooks)
-        elif voice is not None:
-            raw = files.load_voice(voice, lm.device)
-            voice_prompt = VoicePrompt(embeddings=raw["embeddings"], cache=raw["cache"])
-            check_voice_prompt(voice_prompt, lm, voice)
-        tokens = persona_tokens(tokenizer, persona) if persona is not None else ()
-        return PromptPlan(voice=voice_prompt, text_tokens=tokens, voice_codes=voice_codes)
 
     def _loaded(self) -> LoadedModel:
         if self.model is None:
@@ -353,16 +361,8 @@ class PersonaPlexPlugin(Plugin):
         for session, result in zip(sessions, results):
             assert isinstance(session, PersonaPlexSession)
             session.frames += 1
-            outputs.append(self._output(model, result))
+            outputs.append(step_output(model, result))
         return outputs
-
-    @staticmethod
-    def _output(model: LoadedModel, result: FrameResult) -> StepOutput:
-        return StepOutput(
-            audio=result.audio,
-            text=text_piece(model.tokenizer, result.text_token),
-            tokens={"text": result.text_token, "audio": result.audio_codes, "user": result.user_codes},
-        )
 
 
 class MoshiPlugin(PersonaPlexPlugin):

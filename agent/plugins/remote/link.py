@@ -63,10 +63,6 @@ class UpstreamLink(abc.ABC):
         self.frames_in = 0
 
     @property
-    def url(self) -> str:
-        return self.lease.url  # to connect to only; print and serve `label`
-
-    @property
     def label(self) -> str:
         return self.lease.label
 

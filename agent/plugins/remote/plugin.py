@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import secrets
-import threading
 from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any, ClassVar
@@ -33,6 +31,7 @@ from ..base import (
     StepOutput,
 )
 from .link import LinkRequest, LinkSettings, UpstreamError, UpstreamLink
+from .parked import ParkedLinks
 from .pool import WARMUP_SECONDS, UpstreamPool
 
 log = logging.getLogger(__name__)
@@ -93,8 +92,7 @@ class RemotePlugin(Plugin):
         )
         self._http: aiohttp.ClientSession | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._parked: dict[str, UpstreamLink] = {}
-        self._parked_lock = threading.Lock()  # create_session claims on the ticker thread
+        self._parked = ParkedLinks()
         self._links: set[UpstreamLink] = set()
         self._closers: set[asyncio.Task[None]] = set()
 
@@ -140,9 +138,7 @@ class RemotePlugin(Plugin):
         return self._http
 
     async def close(self) -> None:
-        with self._parked_lock:
-            parked, self._parked = list(self._parked.values()), {}
-        for link in parked:
+        for link in self._parked.take_all():
             self._close_link(link)
         for link in list(self._links):
             self._close_link(link)
@@ -168,9 +164,7 @@ class RemotePlugin(Plugin):
         await self.validate_session_config(session_config)
         request = self.link_request(session_config)
         link = await self._open_link(request)
-        token = secrets.token_urlsafe(12)
-        with self._parked_lock:
-            self._parked[token] = link
+        token = self._parked.park(link)
         assert self._loop is not None
         self._loop.call_later(self.claim_timeout, self._expire_parked, token)
         return RuntimeConfig(
@@ -215,7 +209,7 @@ class RemotePlugin(Plugin):
         raise last_error
 
     def _expire_parked(self, token: str) -> None:
-        link = self._unpark(token)
+        link = self._parked.claim(token)
         if link is not None:
             log.warning("upstream %s: session never claimed by a call; closing it", link.label)
             self._close_link(link)
@@ -223,15 +217,9 @@ class RemotePlugin(Plugin):
     def discard_runtime_config(self, config: RuntimeConfig) -> None:
         # The offer failed after its engine session opened: give the seat back now rather
         # than when the claim timeout fires.
-        link = self._unpark(config.options.get(LINK_TOKEN))
+        link = self._parked.claim(config.options.get(LINK_TOKEN))
         if link is not None:
             self._close_link(link)
-
-    def _unpark(self, token: object) -> UpstreamLink | None:
-        if not isinstance(token, str):
-            return None
-        with self._parked_lock:
-            return self._parked.pop(token, None)
 
     def _close_link(self, link: UpstreamLink) -> None:
         """Start closing a link; `close` waits for every one started (loop)."""
@@ -249,7 +237,7 @@ class RemotePlugin(Plugin):
     # -- ticker thread ----------------------------------------------------------------------
 
     def create_session(self, config: RuntimeConfig) -> RemoteSession:
-        link = self._unpark(config.options.get(LINK_TOKEN))
+        link = self._parked.claim(config.options.get(LINK_TOKEN))
         if link is None:
             raise PluginError(
                 "upstream_session_expired",
