@@ -26,31 +26,15 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
 from agent.plugins.personaplex.lm import LMModel
+from agent.plugins.personaplex.lm_config import MOSHI_7B_LM_KWARGS
 from agent.plugins.personaplex.lm_stepper import LMStepper
 
-DELAYS = [0, 0, 1, 1, 1, 1, 1, 1, 1, 0, 1, 1, 1, 1, 1, 1, 1]
-
-BASE: dict[str, Any] = dict(
-    text_card=32000,
-    existing_text_padding_id=3,
-    n_q=16,
-    dep_q=8,
-    card=2048,
-    hidden_scale=4.125,
-    causal=True,
-    layer_scale=None,
-    max_period=10000,
-    gating="silu",
-    norm="rms_norm_f32",
-    positional_embedding="rope",
-    depformer_layer_scale=None,
-    depformer_multi_linear=True,
-    depformer_max_period=10000,
-    depformer_gating="silu",
-    depformer_pos_emb="none",
-    depformer_weights_per_step=True,
-    delays=DELAYS,
-)
+# The released 7B layout (Moshi's; PersonaPlex differs only in dep_q) without its sizes.
+SIZE_KEYS = ("dim", "num_heads", "num_layers", "context", "depformer_dim",
+             "depformer_num_heads", "depformer_num_layers", "depformer_context",
+             "depformer_dim_feedforward")
+BASE: dict[str, Any] = {key: value for key, value in MOSHI_7B_LM_KWARGS.items()
+                        if key not in SIZE_KEYS}
 
 SIZES: dict[str, dict[str, Any]] = {
     "tiny": {**BASE, "dim": 64, "num_heads": 4, "num_layers": 2, "context": 100,

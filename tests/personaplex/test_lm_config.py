@@ -19,29 +19,16 @@ from agent.plugins.personaplex.lm_config import (
     personaplex_7b_lm_kwargs,
 )
 
+from .helpers import TINY_LM_KWARGS
+
 ref_loaders = require_oracle("moshi.models.loaders")
 
-TINY_LM: dict[str, Any] = dict(
-    dim=16,
-    text_card=20,
-    n_q=4,
-    dep_q=2,
-    card=12,
-    num_heads=2,
-    num_layers=1,
-    hidden_scale=2,
-    context=4,
-    gating="silu",
-    norm="rms_norm_f32",
-    positional_embedding="rope",
-    depformer_dim=8,
-    depformer_num_heads=2,
-    depformer_num_layers=1,
-    depformer_multi_linear=True,
-    depformer_weights_per_step=True,
-    depformer_pos_emb="none",
-    delays=[0, 0, 1, 0, 1],
-)
+# Smaller still than the shared tiny layout: 4 streams, a 1-layer model.
+TINY_LM: dict[str, Any] = {
+    **TINY_LM_KWARGS, "dim": 16, "text_card": 20, "n_q": 4, "dep_q": 2, "card": 12,
+    "num_heads": 2, "num_layers": 1, "hidden_scale": 2, "context": 4, "depformer_dim": 8,
+    "depformer_num_heads": 2, "delays": [0, 0, 1, 0, 1],
+}
 
 MIMI_CONFIG = {"sample_rate": 24000, "channels": 1, "frame_rate": 12.5, "seanet": {"dimension": 8}}
 

@@ -22,40 +22,18 @@ from safetensors.torch import save_file
 from agent.plugins.personaplex.lm_config import load_checkpoint_info, load_lm
 from agent.plugins.personaplex.lm_stepper import LMStepper
 
+from .helpers import TINY_LM_KWARGS
+
 ref_lm = require_oracle("moshi.models.lm")
 
-DELAYS = [0, 0, 1, 1, 1, 1, 1, 1, 1, 0, 1, 1, 1, 1, 1, 1, 1]
-
-TINY: dict[str, Any] = dict(
-    dim=32,
-    text_card=50,
-    existing_text_padding_id=3,
-    n_q=16,
-    dep_q=8,
-    card=40,
-    num_heads=4,
-    num_layers=2,
-    hidden_scale=4.125,
-    causal=True,
-    layer_scale=None,
-    context=8,  # small on purpose: 52 frames slide through the ring KV cache
-    max_period=10000,
-    gating="silu",
-    norm="rms_norm_f32",
-    positional_embedding="rope",
-    depformer_dim=24,
-    depformer_dim_feedforward=int(4.125 * 24),
-    depformer_num_heads=4,
-    depformer_num_layers=2,
-    depformer_layer_scale=None,
-    depformer_multi_linear=True,
-    depformer_context=8,
-    depformer_max_period=10000,
-    depformer_gating="silu",
-    depformer_pos_emb="none",
-    depformer_weights_per_step=True,
-    delays=DELAYS,
-)
+# The shared tiny layout, with every option the reference's constructor would otherwise
+# default spelled out, and a two-layer depformer.
+TINY: dict[str, Any] = {
+    **TINY_LM_KWARGS,
+    "existing_text_padding_id": 3, "causal": True, "layer_scale": None, "max_period": 10000,
+    "depformer_dim_feedforward": int(4.125 * 24), "depformer_num_layers": 2,
+    "depformer_layer_scale": None, "depformer_context": 8, "depformer_max_period": 10000,
+}
 
 # A second size exercising the other layout options a config may carry.
 SMALL: dict[str, Any] = {
