@@ -18,30 +18,15 @@ from agent.plugins.personaplex.conv import (
     conv_transpose1d_gemm,
     fold_weight_norm,
 )
+from agent.plugins.personaplex.mimi_config import STANDARD_SEANET
 from agent.plugins.personaplex.seanet import SEANetDecoder, SEANetEncoder
 from agent.plugins.personaplex.streaming import reset_slots, start_streaming, stop_streaming
 
 ref_conv = require_oracle("moshi.modules.conv")
 ref_seanet = require_oracle("moshi.modules.seanet")
 
-TINY_SEANET = {
-    "channels": 1,
-    "dimension": 16,
-    "causal": True,
-    "n_filters": 4,
-    "n_residual_layers": 1,
-    "activation": "ELU",
-    "compress": 2,
-    "dilation_base": 2,
-    "disable_norm_outer_blocks": 0,
-    "kernel_size": 7,
-    "residual_kernel_size": 3,
-    "last_kernel_size": 3,
-    "norm": "none",
-    "pad_mode": "constant",
-    "ratios": [4, 3, 2],
-    "true_skip": True,
-}
+# The released codec's SEANet settings at a size that runs in milliseconds.
+TINY_SEANET = {**STANDARD_SEANET, "dimension": 16, "n_filters": 4, "ratios": [4, 3, 2]}
 
 
 def close(a: torch.Tensor, b: torch.Tensor, atol: float = 1e-5) -> bool:
