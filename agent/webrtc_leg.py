@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import secrets
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -30,6 +29,7 @@ from .rtc_tuning import InlineAudioDecoding
 from .sctp_limit import OVERSIZED_EVENT
 from .sdp import with_explicit_directions
 from .ticker import Ticker
+from .worker_tag import tagged_token
 
 if TYPE_CHECKING:
     from .leg_registry import LegRegistry
@@ -40,8 +40,11 @@ log = logging.getLogger(__name__)
 PC_CLOSE_TIMEOUT = 5.0
 
 
+ID_TOKEN_CHARS = 24  # token_urlsafe(18)
+
+
 def new_call_id() -> str:
-    return "call_" + secrets.token_urlsafe(18)
+    return "call_" + tagged_token(18)
 
 
 class WebRtcLeg(Leg):

@@ -8,27 +8,32 @@ import errno
 import logging
 import os
 import signal
+import socket
 import ssl
 import sys
 from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
 
 from aiohttp import web
 from aiohttp.web_runner import GracefulExit
 
-from agent import json_log
+from agent import json_log, worker_tag
 from agent.cli_errors import exit_with_error
 from agent.media_agent import AgentSettings, MediaAgent
 from agent.rtc_tuning import AUDIO_CODECS
 from agent.call_settings import CallSettings
 from agent.errors import AgentError
 from agent.plugins.base import PluginOptions
-from agent.plugins.registry import available_plugins, load_plugin
+from agent.plugins.registry import available_plugins, load_plugin, plugin_class
 from agent.redact import RedactingFilter
 from agent.rtc_tuning import limit_host_addresses, parse_codec_list
 
 from . import address_limit, auth, cors, drain, gc_tuning, ice, slow_clients, telephony
 from .plugin_flags import PluginFlagsParser, plugin_extra
 from .app import create_app
+from .supervisor import run_supervisor
+from .worker_routing import WorkerGroup
 
 log = logging.getLogger("signaling")
 
@@ -74,6 +79,18 @@ def build_parser() -> argparse.ArgumentParser:
         "--plugin", default="echo",
         help=f"plugin id (default echo; available: {', '.join(available_plugins())})",
     )
+    parser.add_argument(
+        "--workers", type=int, default=None, metavar="N",
+        help="worker processes behind the one port, each with its own event loop and its "
+        "share of --max-sessions (default: one per CPU core for plugins that run one "
+        "instance per worker — echo, vllm-omni; always 1 for a model held in this process — "
+        "personaplex, moshi — and for moshi-server, whose reference servers hold one call: "
+        "scale those out with more engines behind the remote plugins)")
+    parser.add_argument("--worker-dir", default=None, metavar="DIR",
+                        help="folder for the workers' private unix sockets (default: a new "
+                        "temporary folder)")
+    parser.add_argument("--worker-index", type=int, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--worker-fds", default=None, help=argparse.SUPPRESS)
     model = parser.add_argument_group("model plugins")
     model.add_argument("--model-dir", help="checkpoint directory (personaplex, moshi)")
     model.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda")
@@ -145,12 +162,14 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def settings_from_args(args: argparse.Namespace) -> AgentSettings:
+def settings_from_args(args: argparse.Namespace, workers: int = 1) -> AgentSettings:
+    total_calls = default_max_sessions() if args.max_sessions is None else args.max_sessions
     return AgentSettings(
         ice_servers=ice.ice_servers_from_args(args),
         jitter_prefetch_packets=max(0, args.jitter_buffer),
         codecs=tuple(args.codecs),
-        max_calls=default_max_sessions() if args.max_sessions is None else args.max_sessions,
+        # Each worker admits its share, so all of them together admit --max-sessions.
+        max_calls=-(-total_calls // workers),
         call=CallSettings(
             idle_timeout=args.idle_timeout,
             connect_timeout=args.connect_timeout,
@@ -184,10 +203,24 @@ def plugin_options_from_args(args: argparse.Namespace) -> PluginOptions:
     )
 
 
+def worker_count(args: argparse.Namespace) -> int:
+    """How many workers to run: as asked, or one per core, where the plugin allows it."""
+    if not plugin_class(args.plugin).runs_per_worker:
+        if args.workers is not None and args.workers > 1:
+            log.warning("plugin %s keeps every call in one process (one batched step serves "
+                        "them all): --workers %d is ignored", args.plugin, args.workers)
+        return 1
+    if args.workers is None:
+        return os.cpu_count() or 1
+    return max(1, args.workers)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    worker = "" if args.worker_index is None else f" w{args.worker_index}"
     logging.basicConfig(
-        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+        level=args.log_level.upper(),
+        format=f"%(asctime)s %(levelname)s{worker} %(name)s: %(message)s",
     )
     # Every line goes through redaction: upstream URLs carry credentials, and request lines
     # carry media-stream keys (`?token=KEY` or a last path segment).
@@ -198,6 +231,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         json_log.use_json()
     # aioice logs every candidate pair check at INFO: one line per call is enough here.
     logging.getLogger("aioice").setLevel(max(logging.WARNING, logging.getLogger().level))
+    workers = worker_count(args)
+    if workers > 1 and args.worker_index is None:
+        return run_supervisor(list(argv) if argv is not None else sys.argv[1:], workers,
+                              args.host, args.port, args.worker_dir)
+    group = None
+    if args.worker_index is not None:
+        worker_tag.set_worker(args.worker_index)
+        group = WorkerGroup(args.worker_index, workers, Path(args.worker_dir),
+                            tls=bool(args.tls_cert))
     try:
         ssl_context = tls_context_from_args(args)
     except ValueError as exc:
@@ -208,13 +250,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         exit_with_error(exc.code, exc.message, cause=exc)
     if args.ice_host:
         limit_host_addresses(args.ice_host)
-    agent = MediaAgent(plugin, settings_from_args(args))
+    agent = MediaAgent(plugin, settings_from_args(args, workers))
     auth_settings = auth.settings_from_args(args)
     app = create_app(agent, auth=auth_settings, cors_origins=cors.origins_from_args(args),
                      telephony_config=telephony.config_from_args(args),
                      body_timeout=args.body_timeout, drain_seconds=args.drain_seconds,
                      metrics_enabled=not args.no_metrics,
-                     voice_upload_bytes=args.max_voice_upload_bytes)
+                     voice_upload_bytes=args.max_voice_upload_bytes, workers=group)
     app.on_startup.append(_drain_on_sigterm)
     app.on_startup.append(gc_tuning.freeze_after_startup)  # after the plugin loaded
     if auth_settings.open:
@@ -228,12 +270,21 @@ def main(argv: Sequence[str] | None = None) -> int:
                  len(auth_settings.api_keys), auth_settings.secret_ttl_seconds)
     scheme = "https" if ssl_context else "http"
 
-    def listening(_: str) -> None:  # aiohttp calls this once the socket accepts connections
-        log.info("serving plugin %s on %s://%s:%d", plugin.id, scheme, args.host, args.port)
+    of_workers = "" if group is None else f" (worker {group.index} of {group.count})"
 
+    def listening(_: str) -> None:  # aiohttp calls this once the socket accepts connections
+        log.info("serving plugin %s on %s://%s:%d%s", plugin.id, scheme, args.host, args.port,
+                 of_workers)
+
+    # A worker accepts on the supervisor's listening sockets, and on its own unix socket
+    # where the other workers forward what it owns.
+    where: dict[str, Any] = {"host": args.host, "port": args.port}
+    if group is not None:
+        where = {"sock": [socket.socket(fileno=int(fd)) for fd in args.worker_fds.split(",")],
+                 "path": str(group.socket_path(group.index))}
     try:
-        web.run_app(app, host=args.host, port=args.port, ssl_context=ssl_context,
-                    print=listening, handle_signals=True,
+        web.run_app(app, **where, ssl_context=ssl_context, print=listening,
+                    handle_signals=True,
                     loop=slow_clients.guarded_event_loop(args.header_timeout,
                                                         args.max_unauthenticated_per_address))
     except AgentError as exc:  # the plugin loads its model at start-up: bad dir, voice, ...

@@ -12,7 +12,8 @@ from agent.log_safe import printable
 from agent.media_agent import MediaAgent
 from agent.errors import AgentError
 
-from . import drain, health, metrics, offer, realtime, realtime_api, slow_clients, telephony
+from . import (drain, health, metrics, offer, realtime, realtime_api, slow_clients, telephony,
+               worker_routing)
 from .auth import AuthSettings
 from .errors import error_response, json_error
 from .keys import AGENT_KEY
@@ -64,6 +65,7 @@ def create_app(
     drain_seconds: float = drain.DEFAULT_DRAIN_SECONDS,
     metrics_enabled: bool = True,
     voice_upload_bytes: int = 0,
+    workers: worker_routing.WorkerGroup | None = None,
 ) -> web.Application:
     app = web.Application(middlewares=[error_middleware, slow_clients.body_timeout_middleware],
                           client_max_size=max_body_bytes)
@@ -91,4 +93,6 @@ def create_app(
 
     app.on_startup.append(on_startup)
     app.on_shutdown.append(on_shutdown)
+    if workers is not None and workers.count > 1:
+        worker_routing.install(app, workers)
     return app

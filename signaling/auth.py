@@ -28,7 +28,6 @@ import argparse
 import hashlib
 import hmac
 import os
-import secrets
 import time
 from collections.abc import Awaitable, Callable, Container
 from dataclasses import dataclass, field
@@ -38,6 +37,7 @@ from aiohttp import web
 
 from agent.plugins.base import SessionConfig
 from agent.realtime_session import session_config_from_realtime
+from agent.worker_tag import tagged_token
 
 from .address_limit import mark_authenticated
 from .errors import ApiError, error_response, read_json_object
@@ -45,6 +45,8 @@ from .keys import AGENT_KEY
 
 API_KEY_ENV = "AGENT_API_KEY"
 SECRET_PREFIX = "ek_"
+SECRET_TOKEN_BYTES = 24
+SECRET_TOKEN_CHARS = 32  # token_urlsafe(24)
 DEFAULT_SECRET_TTL = 60.0
 MAX_SECRET_TTL = 3600.0
 MAX_LIVE_SECRETS = 10_000
@@ -117,7 +119,7 @@ class SecretStore:
         if len(self._secrets) >= MAX_LIVE_SECRETS:
             raise ApiError("too_many_secrets", "too many unexpired secrets; retry later",
                            headers={"Retry-After": "5"}, status=503)
-        value = SECRET_PREFIX + secrets.token_urlsafe(24)
+        value = SECRET_PREFIX + tagged_token(SECRET_TOKEN_BYTES)
         secret = EphemeralSecret(_hash(value), tenant, time.time() + ttl, session)
         self._secrets[secret.value_hash] = secret
         return value, secret

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 from aiohttp import web
 
 from .auth import principal_of
@@ -10,7 +12,8 @@ from .realtime import RESOURCES_KEY
 
 
 async def get_health(request: web.Request) -> web.Response:
-    return web.json_response({"status": "ok", **request.app[AGENT_KEY].health()})
+    return web.json_response({"status": "ok", "pid": os.getpid(),
+                              **request.app[AGENT_KEY].health()})
 
 
 async def get_live(request: web.Request) -> web.Response:

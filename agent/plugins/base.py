@@ -211,6 +211,10 @@ class Plugin(abc.ABC):
     private_keys: ClassVar[frozenset[str]] = frozenset()
     # This plugin's own command-line flags (shown by `--plugin ID --help`).
     flags: ClassVar[tuple[PluginFlag, ...]] = ()
+    # Whether each of several worker processes (`--workers`) may load its own instance.
+    # A model held in this process (a GPU's batched step) says no: all its calls stay in
+    # one process so one step serves them all.
+    runs_per_worker: ClassVar[bool] = False
 
     @classmethod
     def from_options(cls, options: PluginOptions) -> Plugin:

@@ -54,6 +54,7 @@ class EchoSession(PluginSession):
 
 class EchoPlugin(Plugin):
     id = "echo"
+    runs_per_worker = True
 
     def __init__(self, sample_rate: int = 24000, frame_size: int = 1920,
                  max_sessions: int = 0) -> None:

@@ -13,7 +13,6 @@ health and closes on shutdown.
 from __future__ import annotations
 
 import logging
-import secrets
 import time
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -25,6 +24,7 @@ from ..events import server_event
 from ..leg import Leg, playout_stats
 from ..pacer import Pacer
 from ..rate_limit import TokenBucket
+from ..worker_tag import tagged_token
 from .codec import PTIME, NarrowbandCodec
 from .downsample import ChunkResampler
 
@@ -44,7 +44,7 @@ class TelephonyLeg(Leg):
 
     def __init__(self, agent: MediaAgent, codec: NarrowbandCodec,
                  settings: CallSettings | None = None) -> None:
-        super().__init__(f"{self.kind}_{secrets.token_urlsafe(18)}", agent.plugin, agent.ticker,
+        super().__init__(f"{self.kind}_{tagged_token(18)}", agent.plugin, agent.ticker,
                          settings or agent.settings.call, agent.legs)
         self.codec = codec
         self.dtmf_budget = TokenBucket(DTMF_RATE, DTMF_BURST)

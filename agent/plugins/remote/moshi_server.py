@@ -139,6 +139,8 @@ class MoshiServerPlugin(RemotePlugin):
     id = "moshi-server"
     link_class = MoshiLink
     default_capacity = 1  # the reference server holds one conversation per process
+    # Each worker would count that one seat as its own: keep every call in one process.
+    runs_per_worker = False
     upstream_kind: ClassVar[str] = "personaplex"
     flags: ClassVar[tuple[PluginFlag, ...]] = (*RemotePlugin.flags, PluginFlag(
         "--upstream-kind", "which reference server the --upstream URLs are: personaplex "

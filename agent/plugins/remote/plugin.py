@@ -54,6 +54,7 @@ class RemoteSession(PluginSession):
 class RemotePlugin(Plugin):
     link_class: ClassVar[type[UpstreamLink]]
     default_capacity: ClassVar[int] = 0  # per upstream; 0 = unlimited
+    runs_per_worker: ClassVar[bool] = True  # the model is elsewhere; each worker has a pool
     flags: ClassVar[tuple[PluginFlag, ...]] = (
         PluginFlag("--upstream-capacity", "concurrent calls per --upstream (default: vllm-omni "
                    "unlimited, moshi-server 1)", type=int, metavar="CALLS"),

@@ -1,0 +1,175 @@
+"""`--workers N`: N worker processes serve one listening port, and this process watches them.
+
+The supervisor binds the port itself (so a port in use is one clear error) and hands the
+listening sockets to every worker, which all accept on them: the kernel gives each new
+connection to one worker. Each worker is a whole server (its own event loop, agent, ticker
+and plugin instance) that also listens on a private unix socket in the worker folder, where
+the other workers forward the requests it owns (worker_routing.py).
+
+Worker 0 starts first, so a start-up mistake (a bad flag value, a bad model folder) is printed
+once and ends the supervisor with its exit status. SIGTERM and SIGINT are passed on to every
+worker (each drains; a second SIGTERM ends them at once); the supervisor exits when all have,
+with the worst status. A worker that dies on its own (killed, crashed) is started again; its
+calls are gone with it. Workers are killed if the supervisor itself is (Linux death signal).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from agent.cli_errors import exit_with_error
+
+log = logging.getLogger("signaling.supervisor")
+
+READY_TIMEOUT = 300.0  # a worker loads its plugin before it listens
+RESTART_DELAY = 0.5
+PR_SET_PDEATHSIG = 1
+
+
+def worker_socket_path(folder: str | Path, index: int) -> Path:
+    return Path(folder) / f"worker-{index}.sock"
+
+
+def bind_listeners(host: str, port: int) -> list[socket.socket]:
+    """Listening sockets for every address `host` names (as aiohttp's own server binds)."""
+    listeners = []
+    infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    try:
+        for family, kind, proto, _, address in dict.fromkeys(infos):
+            listener = socket.socket(family, kind, proto)
+            listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                listener.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            listener.bind(address)
+            listener.listen(128)
+            listener.set_inheritable(True)
+            listeners.append(listener)
+    except OSError:
+        for listener in listeners:
+            listener.close()
+        raise
+    return listeners
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: be killed when the supervisor dies (Linux only)."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):
+        pass
+
+
+class Supervisor:
+    def __init__(self, argv: Sequence[str], count: int, folder: Path,
+                 listeners: list[socket.socket]) -> None:
+        self.argv = list(argv)
+        self.count = count
+        self.folder = folder
+        self.listeners = listeners
+        self.workers: dict[int, subprocess.Popen[bytes]] = {}
+        self.stopping = False
+        self.status = 0
+
+    def spawn(self, index: int) -> subprocess.Popen[bytes]:
+        fds = [listener.fileno() for listener in self.listeners]
+        command = [sys.executable, "-m", "signaling", *self.argv,
+                   "--worker-index", str(index), "--worker-dir", str(self.folder),
+                   "--worker-fds", ",".join(map(str, fds))]
+        # Own session: a signal to the supervisor's process group (Ctrl-C, `timeout`) reaches
+        # a worker once, through the supervisor, not twice (a second SIGTERM ends calls).
+        worker = subprocess.Popen(command, pass_fds=fds, preexec_fn=_die_with_parent,
+                                  start_new_session=True)
+        self.workers[index] = worker
+        return worker
+
+    def wait_ready(self, index: int) -> int | None:
+        """None once worker `index` takes connections on its socket; its status if it ended."""
+        path = worker_socket_path(self.folder, index)
+        deadline = time.monotonic() + READY_TIMEOUT
+        while time.monotonic() < deadline:
+            status = self.workers[index].poll()
+            if status is not None:
+                return status
+            if path.exists():
+                with socket.socket(socket.AF_UNIX) as probe:
+                    try:
+                        probe.connect(str(path))
+                        return None
+                    except OSError:
+                        pass
+            time.sleep(0.05)
+        return None
+
+    def signal_all(self, signum: int) -> None:
+        for worker in self.workers.values():
+            if worker.poll() is None:
+                worker.send_signal(signum)
+
+    def on_signal(self, signum: int, _frame: object) -> None:
+        self.stopping = True
+        self.signal_all(signum)
+
+    def run(self) -> int:
+        signal.signal(signal.SIGTERM, self.on_signal)
+        signal.signal(signal.SIGINT, self.on_signal)
+        self.spawn(0)
+        status = self.wait_ready(0)
+        if status is not None:
+            return status  # the worker said why, once
+        for index in range(1, self.count):
+            self.spawn(index)
+        log.info("%d workers serving (pids %s)", self.count,
+                 ", ".join(str(w.pid) for w in self.workers.values()))
+        while self.workers:
+            time.sleep(0.1)
+            for index, worker in list(self.workers.items()):
+                status = worker.poll()
+                if status is None:
+                    continue
+                del self.workers[index]
+                if status != 0 and not self.stopping:
+                    log.warning("worker %d (pid %d) ended with status %d: starting it again; "
+                                "its calls are gone", index, worker.pid, status)
+                    time.sleep(RESTART_DELAY)
+                    self.spawn(index)
+                    continue
+                self.status = max(self.status, abs(status))
+        return self.status
+
+
+def run_supervisor(argv: Sequence[str], count: int, host: str, port: int,
+                   folder: str | None) -> int:
+    """Serve `host:port` with `count` workers until they all end; the exit status."""
+    try:
+        listeners = bind_listeners(host, port)
+    except OSError as exc:
+        if exc.errno == errno.EADDRINUSE:
+            exit_with_error("port_in_use", f"{host}:{port} is already in use (another "
+                            "server?); pick another --port", cause=exc)
+        exit_with_error("listen_failed", f"cannot listen on {host}:{port}: "
+                        f"{exc.strerror or exc}", cause=exc)
+    own_folder = folder is None
+    work_folder = Path(folder or tempfile.mkdtemp(prefix="agent-workers-"))
+    work_folder.mkdir(parents=True, exist_ok=True)
+    # The worker sockets are a second way in, past the per-address limits: this user only.
+    os.chmod(work_folder, 0o700)
+    try:
+        return Supervisor(argv, count, work_folder, listeners).run()
+    finally:
+        for listener in listeners:
+            listener.close()
+        if own_folder:
+            shutil.rmtree(work_folder, ignore_errors=True)

@@ -1,0 +1,179 @@
+"""With several workers (`--workers`): each request reaches the worker that owns what it names.
+
+Any worker may accept a connection. A request about a call or RTP leg goes to the worker
+whose tag its id carries (agent/worker_tag.py), and a new call made with an ephemeral secret
+goes to the worker that minted the secret (the page then hangs up through the same worker);
+the owner handles it as if it had accepted it, auth included, and its answer is relayed
+unchanged. Views of the whole server — `/health`, `/metrics`, `/metrics/calls` — ask every
+worker and add up what they say; `POST /admin/drain` drains every worker. Workers talk over
+the unix sockets in the worker folder; a request that arrives that way is marked and always
+handled where it lands.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import ssl
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+from multidict import CIMultiDict
+
+from agent.webrtc_leg import ID_TOKEN_CHARS
+from agent.worker_tag import worker_of
+
+from .auth import SECRET_PREFIX, SECRET_TOKEN_CHARS
+from .errors import ApiError
+from .realtime import CALLS_PATH
+from .telephony import RTP_PATH
+from .worker_views import merge_calls, merge_health, merge_metrics
+
+FORWARDED_HEADER = "X-Agent-Worker-Forwarded"
+WORKER_TIMEOUT = aiohttp.ClientTimeout(total=60, sock_connect=2)
+# Not relayed either way: the hop's own framing, and what aiohttp sets for itself.
+HOP_HEADERS = frozenset({"connection", "keep-alive", "transfer-encoding", "upgrade",
+                         "proxy-connection", "te", "trailer", "content-encoding", "date",
+                         "server"})
+OWNED_PATHS = (re.compile(rf"^{CALLS_PATH}/([^/]+)(?:/hangup)?$"),
+               re.compile(rf"^{RTP_PATH}/([^/]+)$"))
+NEW_CALL_PATHS = frozenset({CALLS_PATH, "/offer"})
+
+
+@dataclass(frozen=True)
+class WorkerGroup:
+    index: int
+    count: int
+    folder: Path
+    tls: bool = False
+
+    def socket_path(self, index: int) -> Path:
+        return self.folder / f"worker-{index}.sock"
+
+
+WORKERS_KEY = web.AppKey("workers", WorkerGroup)
+SESSIONS_KEY = web.AppKey("worker_sessions", dict)
+
+
+def owner_of(request: web.Request) -> int | None:
+    """The worker a request belongs to, where it names one."""
+    for pattern in OWNED_PATHS:
+        match = pattern.match(request.path)
+        if match:
+            return worker_of(match.group(1), ID_TOKEN_CHARS)
+    if request.method == "POST" and request.path in NEW_CALL_PATHS:
+        scheme, _, token = request.headers.get("Authorization", "").strip().partition(" ")
+        token = token.strip()
+        if scheme.lower() == "bearer" and token.startswith(SECRET_PREFIX):
+            return worker_of(token, SECRET_TOKEN_CHARS)
+    return None
+
+
+def _session(app: web.Application, index: int) -> aiohttp.ClientSession:
+    sessions: dict[int, aiohttp.ClientSession] = app[SESSIONS_KEY]
+    session = sessions.get(index)
+    if session is None or session.closed:
+        connector = aiohttp.UnixConnector(path=str(app[WORKERS_KEY].socket_path(index)))
+        session = aiohttp.ClientSession(connector=connector, timeout=WORKER_TIMEOUT,
+                                        auto_decompress=False)
+        sessions[index] = session
+    return session
+
+
+def _request_headers(request: web.Request) -> CIMultiDict[str]:
+    headers = CIMultiDict((name, value) for name, value in request.headers.items()
+                          if name.lower() not in HOP_HEADERS)
+    headers[FORWARDED_HEADER] = "1"
+    return headers
+
+
+async def ask(request: web.Request, index: int, body: Any = None
+              ) -> tuple[int, CIMultiDict[str], bytes]:
+    """Send `request` (or its `body`) to worker `index`; its status, headers and body."""
+    group = request.app[WORKERS_KEY]
+    scheme = "https" if group.tls else "http"
+    tls: ssl.SSLContext | bool = False
+    if group.tls:  # the workers' unix sockets speak the server's TLS; no name to check
+        tls = ssl.create_default_context()
+        tls.check_hostname = False
+        tls.verify_mode = ssl.CERT_NONE
+    async with _session(request.app, index).request(
+        request.method, f"{scheme}://worker{request.path_qs}", headers=_request_headers(request),
+        data=body, ssl=tls, allow_redirects=False,
+    ) as response:
+        headers = CIMultiDict((name, value) for name, value in response.headers.items()
+                              if name.lower() not in HOP_HEADERS | {"content-length"})
+        return response.status, headers, await response.read()
+
+
+async def forward(request: web.Request, owner: int) -> web.Response:
+    body = request.content.iter_chunked(64 * 1024) if request.body_exists else None
+    try:
+        status, headers, payload = await ask(request, owner, body)
+    except (aiohttp.ClientError, OSError, asyncio.TimeoutError):
+        # The owner is gone (killed, restarting): so is everything it held.
+        raise ApiError("call_not_found", "no such call (its worker is not running)",
+                       param="call_id", status=404) from None
+    return web.Response(status=status, headers=headers, body=payload)
+
+
+async def ask_all(request: web.Request) -> list[tuple[int, int | None, bytes]]:
+    """(worker, status or None if unreachable, body) from every worker, this one included."""
+    group = request.app[WORKERS_KEY]
+
+    async def one(index: int) -> tuple[int, int | None, bytes]:
+        try:
+            status, _, body = await ask(request, index)
+        except (aiohttp.ClientError, OSError, asyncio.TimeoutError):
+            return index, None, b""
+        return index, status, body
+
+    return list(await asyncio.gather(*(one(i) for i in range(group.count))))
+
+
+View = Callable[[list[tuple[int, int | None, bytes]]], web.Response]
+VIEWS: dict[str, View] = {"/health": merge_health, "/metrics": merge_metrics,
+                          "/metrics/calls": merge_calls}
+
+
+@web.middleware
+async def worker_routing_middleware(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
+    if request.headers.get(FORWARDED_HEADER):
+        return await handler(request)
+    group = request.app[WORKERS_KEY]
+    view = VIEWS.get(request.path)
+    if view is not None and request.method == "GET":
+        answers = await ask_all(request)
+        # A refusal (auth, a route switched off) is every worker's: pass this one's on.
+        own_status = next(status for index, status, _ in answers if index == group.index)
+        if own_status != 200:
+            return await handler(request)
+        return view(answers)
+    if request.path == "/admin/drain" and request.method == "POST":
+        others = [i for i in range(group.count) if i != group.index]
+        await asyncio.gather(*(ask(request, i) for i in others), return_exceptions=True)
+        return await handler(request)
+    owner = owner_of(request)
+    if owner is None or owner == group.index or owner >= group.count:
+        return await handler(request)
+    return await forward(request, owner)
+
+
+async def _close_sessions(app: web.Application) -> None:
+    for session in list(app[SESSIONS_KEY].values()):
+        await session.close()
+
+
+def install(app: web.Application, group: WorkerGroup) -> None:
+    """Route by owner: right inside the error middleware (so a refusal here is coded JSON),
+    before auth, limits and CORS, which the owner applies."""
+    app[WORKERS_KEY] = group
+    app[SESSIONS_KEY] = {}
+    app.middlewares.insert(1, worker_routing_middleware)
+    app.on_cleanup.append(_close_sessions)

@@ -1,0 +1,196 @@
+"""`--workers 2`: a real server process with two workers. Each worker's private unix socket
+lets a test pick which worker a request lands on: a call made on one worker is read, trickled
+and ended through the other; a secret minted on one makes its calls there; the whole-server
+views add both up; a killed worker is started again while the other's call goes on; SIGTERM
+drains both."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from agent.webrtc_leg import ID_TOKEN_CHARS
+from agent.worker_tag import worker_of
+from realtime_fixtures import RealtimeClient, ice_credentials, sdpfrag, strip_candidates
+from server_process import Process, running_server
+from support import wait_until
+
+CALLS = "/v1/realtime/calls"
+
+
+class Workers:
+    def __init__(self, process: Process, url: str, folder: Path) -> None:
+        self.process = process
+        self.url = url
+        self.folder = folder
+        self.sessions: dict[int, aiohttp.ClientSession] = {}
+        self.clients: list[RealtimeClient] = []
+
+    def via(self, worker: int) -> aiohttp.ClientSession:
+        """A client session whose requests land on `worker` (base URL http://worker)."""
+        if worker not in self.sessions:
+            connector = aiohttp.UnixConnector(path=str(self.folder / f"worker-{worker}.sock"))
+            self.sessions[worker] = aiohttp.ClientSession(connector=connector)
+        return self.sessions[worker]
+
+    async def health(self) -> dict[str, Any]:
+        async with aiohttp.ClientSession() as http:
+            async with http.get(self.url + "/health") as response:
+                return await response.json()
+
+    async def call_on(self, worker: int, headers: dict[str, str] | None = None
+                      ) -> RealtimeClient:
+        client = RealtimeClient("http://worker")
+        self.clients.append(client)
+        sdp = await client.offer_sdp()
+        async with self.via(worker).post(
+                "http://worker" + CALLS, data=sdp,
+                headers={"Content-Type": "application/sdp", **(headers or {})}) as response:
+            answer = await response.text()
+            assert response.status == 201, answer
+            client.location = response.headers["Location"]
+        from aiortc import RTCSessionDescription
+        await client.pc.setRemoteDescription(RTCSessionDescription(answer, "answer"))
+        await asyncio.wait_for(client.connected.wait(), 20)
+        return client
+
+    async def close(self) -> None:
+        for client in self.clients:
+            await client.close()
+        for session in self.sessions.values():
+            await session.close()
+
+
+@pytest.fixture
+async def workers(tmp_path: Path) -> AsyncIterator[Workers]:
+    folder = tmp_path / "workers"
+    async with running_server("--workers", "2", "--worker-dir", str(folder)) as (process, url, _):
+        group = Workers(process, url, folder)
+
+        async def both_up() -> bool:
+            health = await group.health()
+            return [w.get("pid") is not None for w in health["workers"]] == [True, True]
+        await wait_for_async(both_up, 60)
+        try:
+            yield group
+        finally:
+            await group.close()
+
+
+async def wait_for_async(predicate: Any, timeout: float) -> None:
+    async def poll() -> None:
+        while True:
+            try:
+                if await predicate():
+                    return
+            except (aiohttp.ClientError, OSError):
+                pass
+            await asyncio.sleep(0.1)
+    await asyncio.wait_for(poll(), timeout)
+
+
+def owner(call: RealtimeClient) -> int | None:
+    return worker_of(call.call_id, ID_TOKEN_CHARS)
+
+
+async def test_a_call_is_reached_through_either_worker(workers: Workers) -> None:
+    call = await workers.call_on(1)
+    assert owner(call) == 1
+    await call.wait_audio(0.5)
+    path = "http://worker" + call.location
+    async with workers.via(0).get(path) as response:  # forwarded to worker 1
+        assert response.status == 200
+        assert (await response.json())["id"] == call.call_id
+    # Trickle through the other worker: the owner applies it and answers with its ETag.
+    ufrag, pwd = ice_credentials(call.pc.localDescription.sdp)
+    _, candidates = strip_candidates(call.pc.localDescription.sdp)
+    async with workers.via(0).patch(path, data=sdpfrag(ufrag, pwd, candidates[:1]), headers={
+            "Content-Type": "application/trickle-ice-sdpfrag"}) as response:
+        assert response.status == 204, await response.text()
+        assert response.headers["ETag"]
+    health = await workers.health()
+    assert health["active_calls"] == 1 and health["legs"]["webrtc"] == 1
+    assert [w["active_calls"] for w in health["workers"]] == [0, 1]
+    async with workers.via(0).get("http://worker/metrics") as response:
+        text = await response.text()
+    active = {tuple(sorted(s.labels.items())): s.value
+              for family in text_string_to_metric_families(text) for s in family.samples
+              if s.name == "agent_active_calls"}
+    assert active[(("plugin", "echo"), ("transport", "webrtc"))] == 1
+    async with workers.via(0).get("http://worker/metrics/calls") as response:
+        assert [c["call_id"] for c in (await response.json())["calls"]] == [call.call_id]
+    async with workers.via(0).delete(path) as response:
+        assert response.status == 200, await response.text()
+
+    async def ended() -> bool:
+        return (await workers.health())["active_calls"] == 0
+    await wait_for_async(ended, 10)
+
+
+async def test_a_secret_makes_its_calls_on_the_worker_that_minted_it(workers: Workers) -> None:
+    async with workers.via(1).post("http://worker/v1/realtime/client_secrets",
+                                   json={}) as response:
+        assert response.status == 200, await response.text()
+        secret = (await response.json())["value"]
+    call = await workers.call_on(0, headers={"Authorization": f"Bearer {secret}"})
+    assert owner(call) == 1  # posted to worker 0, made where the secret lives
+    async with workers.via(0).delete("http://worker" + call.location,
+                                     headers={"Authorization": f"Bearer {secret}"}) as response:
+        assert response.status == 200, await response.text()
+
+
+async def test_a_killed_worker_is_restarted_and_the_other_call_goes_on(
+        workers: Workers) -> None:
+    survivor, victim = await workers.call_on(0), await workers.call_on(1)
+    await survivor.wait_audio(0.5)
+    killed_pid = (await workers.health())["workers"][1]["pid"]
+    os.kill(killed_pid, signal.SIGKILL)
+    heard = survivor.received_seconds
+    await asyncio.sleep(1.5)
+    assert survivor.received_seconds > heard + 1.0  # worker 0's call never noticed
+
+    async def restarted() -> bool:
+        pids = [w.get("pid") for w in (await workers.health())["workers"]]
+        return pids[1] is not None and pids[1] != killed_pid
+    await wait_for_async(restarted, 30)
+    health = await workers.health()
+    assert [w["active_calls"] for w in health["workers"]] == [1, 0]
+    async with workers.via(0).get("http://worker" + victim.location) as response:
+        assert response.status == 404  # gone with its worker
+    assert workers.process.returncode is None
+
+
+async def test_sigterm_drains_every_worker(workers: Workers) -> None:
+    calls = [await workers.call_on(0), await workers.call_on(1)]
+    workers.process.send_signal(signal.SIGTERM)
+
+    async def both_draining() -> bool:
+        statuses = []
+        for worker in (0, 1):
+            async with workers.via(worker).get("http://worker/health/ready") as response:
+                statuses.append((response.status, (await response.json()).get("reasons")))
+        return statuses == [(503, ["draining"])] * 2
+    await wait_for_async(both_draining, 10)
+    assert workers.process.returncode is None  # live calls hold the drain
+    for worker, call in enumerate(calls):
+        async with workers.via(worker).delete("http://worker" + call.location) as response:
+            assert response.status == 200
+    assert await asyncio.wait_for(workers.process.wait(), 15) == 0
+
+
+def test_the_worker_count_follows_the_plugin() -> None:
+    from signaling.__main__ import build_parser, worker_count
+    parse = build_parser().parse_args
+    assert worker_count(parse([])) == (os.cpu_count() or 1)
+    assert worker_count(parse(["--workers", "3"])) == 3
+    # A model held in the process keeps every call in one process, whatever is asked.
+    assert worker_count(parse(["--plugin", "personaplex", "--workers", "4"])) == 1
+    assert worker_count(parse(["--plugin", "moshi-server", "--workers", "4"])) == 1
