@@ -73,9 +73,11 @@ async def run_callers(url: str, count: int, seconds: float, codec: str,
 
 
 def callers_subprocess(url: str, count: int, seconds: float, codec: str,
-                       preencode: bool) -> list[dict[str, Any]]:
-    command = taskset("1") + [sys.executable, __file__, "callers", "--url", url, "--n",
-                              str(count), "--seconds", str(seconds), "--codec", codec]
+                       preencode: bool, core: str | None = "1") -> list[dict[str, Any]]:
+    """`count` calls from one caller process (pinned to `core`; None: anywhere)."""
+    pin = taskset(core) if core is not None else []
+    command = pin + [sys.executable, __file__, "callers", "--url", url, "--n",
+                     str(count), "--seconds", str(seconds), "--codec", codec]
     if preencode:
         command.append("--preencode")
     result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True,

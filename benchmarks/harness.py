@@ -42,10 +42,36 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def descendants(pid: int) -> list[int]:
+    """Every process below `pid` (a supervisor's workers), from /proc."""
+    found = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            children = (task / "children").read_text().split()
+        except OSError:
+            continue
+        for child in map(int, children):
+            found += [child, *descendants(child)]
+    return found
+
+
+def tree_cpu_seconds(pid: int) -> float:
+    """CPU time of a process and every process below it that is still running."""
+    total = 0.0
+    for member in [pid, *descendants(pid)]:
+        try:
+            total += cpu_seconds(member)
+        except OSError:
+            pass
+    return total
+
+
 @contextmanager
 def server_on_core0(command: list[str], port: int) -> Iterator[int]:
     """A server process pinned to core 0, once `port` accepts; its pid. Stopped with SIGINT
     (killed after 10 s) on the way out."""
+    if "signaling" in command and "--workers" not in command:
+        command = [*command, "--workers", "1"]  # one core: one worker
     process = subprocess.Popen(taskset("0") + command, cwd=ROOT, stdout=subprocess.DEVNULL,
                                stderr=subprocess.DEVNULL)
     try:
