@@ -232,14 +232,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     # aioice logs every candidate pair check at INFO: one line per call is enough here.
     logging.getLogger("aioice").setLevel(max(logging.WARNING, logging.getLogger().level))
     workers = worker_count(args)
-    if workers > 1 and args.worker_index is None:
-        return run_supervisor(list(argv) if argv is not None else sys.argv[1:], workers,
-                              args.host, args.port, args.worker_dir)
     group = None
     if args.worker_index is not None:
         worker_tag.set_worker(args.worker_index)
         group = WorkerGroup(args.worker_index, workers, Path(args.worker_dir),
                             tls=bool(args.tls_cert))
+    # Checked here, before any worker starts, so a mistake is one line from this process.
     try:
         ssl_context = tls_context_from_args(args)
     except ValueError as exc:
@@ -248,6 +246,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         plugin = load_plugin(args.plugin, plugin_options_from_args(args))
     except AgentError as exc:
         exit_with_error(exc.code, exc.message, cause=exc)
+    if workers > 1 and group is None:
+        return run_supervisor(list(argv) if argv is not None else sys.argv[1:], workers,
+                              args.host, args.port, args.worker_dir)
     if args.ice_host:
         limit_host_addresses(args.ice_host)
     agent = MediaAgent(plugin, settings_from_args(args, workers))
