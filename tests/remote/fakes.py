@@ -37,7 +37,8 @@ class Behaviour:
     text_every: int = 5  # input frames per text piece
     done_every: int = 15  # input frames per transcript `.done` (vllm only)
     # One misbehaviour after `after_frames` input frames: "garbage", "wrong_format",
-    # "silent" (nothing at all after the handshake), "close", "error_event", "unknown_kind".
+    # "silent" (nothing at all after the handshake), "close", "error_event", "unknown_kind",
+    # "expire" (vllm: the engine ends the session).
     misbehave: str | None = None
     after_frames: int = 10
     # moshi: NVIDIA's server (moshi/server.py, ServerState.handle_chat) reads
@@ -149,9 +150,15 @@ class FakeVllmOmni(FakeServer):
         behaviour = self.behaviour
         seq = itertools.count(1)
 
-        async def emit(event_type: str, **fields: Any) -> None:
-            await ws.send_str(json.dumps({"type": event_type, "server_event_seq": next(seq),
-                                          **fields}))
+        async def emit(event_type: str, journal: bool = True, **fields: Any) -> None:
+            # vllm-omni numbers only journaled events (session_attachment.py's
+            # `DuplexSessionAttachmentRegistry.send_event(..., journal=...)`): not the
+            # handshake's `session.created` nor its errors (as the interop issue read them in
+            # serving.py), nor `session.expired` (sent with journal=False, see "expire").
+            event: dict[str, Any] = {"type": event_type, **fields}
+            if journal:
+                event["server_event_seq"] = next(seq)
+            await ws.send_str(json.dumps(event))
 
         if request.query.get("duplex") != "1":
             self.violation("connected without ?duplex=1")
@@ -170,16 +177,18 @@ class FakeVllmOmni(FakeServer):
             self.violation(f"output_audio_format {config.get('output_audio_format')}")
         if behaviour.capacity and self.active >= behaviour.capacity:
             self.refused += 1
-            await emit("error", error={"type": "server_error", "code": "resource_exhausted",
-                                       "message": "no free duplex slots"})
+            # A full engine: `resource_exhausted`, typed as a rate limit, then the close.
+            await emit("error", journal=False, error={
+                "type": "rate_limit_error", "code": "resource_exhausted",
+                "message": "no free duplex slots"})
             await ws.close()
             return
         session = FakeSession(id=f"duplex-{next(self._ids):08x}", config=config)
         self.sessions.append(session)
         try:
             await asyncio.sleep(behaviour.handshake_delay)
-            await emit("session.created", session={"id": session.id, **config,
-                                                   "capabilities": {"duplex": True}})
+            await emit("session.created", journal=False,
+                       session={"id": session.id, **config, "capabilities": {"duplex": True}})
             await self._converse(ws, session, emit)
         finally:
             session.ended = True
@@ -242,6 +251,13 @@ class FakeVllmOmni(FakeServer):
                                        "message": "one chunk was dropped"})
             return False
         elif kind == "close":
+            await ws.close()
+            return True
+        elif kind == "expire":
+            # serving.py, `OmniDuplexSessionHandler._apply_runtime_lifecycle`: the engine lost
+            # the session's lease; the event is sent unjournaled, then the socket closes.
+            await emit("session.expired", journal=False, session_id="duplex-1", incarnation=1,
+                       reason="lease_expired")
             await ws.close()
             return True
         return False

@@ -105,6 +105,7 @@ async def test_moshi_server_audio_and_text_pieces_round_trip(start_fake: StartFa
         ("vllm", "wrong_format", "upstream_format_unsupported"),
         ("vllm", "silent", "upstream_stalled"),
         ("vllm", "close", "upstream_closed"),
+        ("vllm", "expire", "upstream_session_closed"),
         ("moshi", "garbage", "upstream_bad_audio"),
         ("moshi", "wrong_format", "upstream_bad_audio"),
         ("moshi", "unknown_kind", "upstream_protocol_error"),

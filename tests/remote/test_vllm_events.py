@@ -42,7 +42,7 @@ def test_unsequenced_handshake_events_are_not_anomalies() -> None:
     from agent.plugins.remote.vllm_omni import VllmOmniLink
 
     link = SimpleNamespace(last_server_event_seq=None, seq_anomalies=0, label="x")
-    for event in ({"type": "session.created"}, {"type": "error"},
+    for event in ({"type": "session.created"}, {"type": "error"}, {"type": "session.expired"},
                   {"type": "response.output_audio.delta", "server_event_seq": 1},
                   {"type": "response.output_audio.delta", "server_event_seq": 2}):
         VllmOmniLink._check_seq(link, event)  # type: ignore[arg-type]

@@ -42,8 +42,9 @@ OPEN_REFUSAL_STATUS = {
     "timeout": 504,
 }
 # Journaled events carry `server_event_seq`; these come from the handshake/transport layer
-# and never do, so their lack of one is not an anomaly.
-UNSEQUENCED_EVENTS = frozenset({"session.created", "error"})
+# and never do, so their lack of one is not an anomaly. (`session.expired` is sent with
+# `journal=False` by serving.py's `OmniDuplexSessionHandler._apply_runtime_lifecycle`.)
+UNSEQUENCED_EVENTS = frozenset({"session.created", "error", "session.expired"})
 ENDING_EVENTS = frozenset({"session.closed", "session.expired"})
 
 
