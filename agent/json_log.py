@@ -35,6 +35,10 @@ def call_id_of_task() -> str | None:
 
 
 class JsonFormatter(logging.Formatter):
+    def __init__(self, worker: int | None = None) -> None:
+        super().__init__()
+        self.worker = worker  # with --workers: which worker wrote the line
+
     def format(self, record: logging.LogRecord) -> str:
         message = record.getMessage()
         call_id = getattr(record, "call_id", None) or call_id_of_task()
@@ -54,6 +58,8 @@ class JsonFormatter(logging.Formatter):
             "fields": fields,
             "message": message,
         }
+        if self.worker is not None:
+            body["worker"] = self.worker
         if record.exc_info:
             body["exception"] = self.formatException(record.exc_info)
         return json.dumps(body, ensure_ascii=False, default=str)
@@ -65,7 +71,7 @@ def add_arguments(parser: Any) -> None:
                         "logger, call_id, event, fields")
 
 
-def use_json(root: logging.Logger | None = None) -> None:
-    """Switch every handler of the root logger to JSON lines."""
+def use_json(root: logging.Logger | None = None, worker: int | None = None) -> None:
+    """Switch every handler of the root logger to JSON lines (naming `worker` if given)."""
     for handler in (root or logging.getLogger()).handlers:
-        handler.setFormatter(JsonFormatter())
+        handler.setFormatter(JsonFormatter(worker))

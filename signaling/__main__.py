@@ -228,7 +228,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for handler in logging.getLogger().handlers:
         handler.addFilter(RedactingFilter([media_stream_path]))
     if args.log_format == "json":
-        json_log.use_json()
+        json_log.use_json(worker=args.worker_index)
     # aioice logs every candidate pair check at INFO: one line per call is enough here.
     logging.getLogger("aioice").setLevel(max(logging.WARNING, logging.getLogger().level))
     workers = worker_count(args)

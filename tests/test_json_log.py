@@ -40,6 +40,12 @@ def test_formatter_takes_the_call_id_from_the_task_and_fields_from_the_message()
     assert first["level"] == "INFO" and first["logger"] == "test.json_log"
     assert first["time"].endswith("Z")
     assert second["call_id"] is None and second["event"] == "no call here"
+    assert "worker" not in first  # one process: no worker field
+
+
+def test_a_workers_lines_name_it() -> None:
+    record = logging.LogRecord("signaling", logging.INFO, __file__, 1, "serving", (), None)
+    assert json.loads(JsonFormatter(worker=1).format(record))["worker"] == 1
 
 
 async def test_server_logs_json_lines_with_call_ids() -> None:

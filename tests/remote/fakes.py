@@ -49,6 +49,9 @@ class Behaviour:
     # moshi: a text piece that is a tokenizer control symbol (its `id_to_piece` output for
     # ids such as <s>), sent before each word.
     control_pieces: bool = False
+    # vllm: name output events as OpenAI's GA Realtime API does (response.output_audio.delta)
+    # instead of as vllm-omni's projection does (response.audio.delta).
+    ga_names: bool = False
     # Hold every websocket upgrade until `FakeServer.warm` is set, as vllm-omni does while its
     # engine warms up (the TCP connection is accepted at once).
     warming_up: bool = False
@@ -198,6 +201,7 @@ class FakeVllmOmni(FakeServer):
         sizes = itertools.cycle(ODD_CHUNKS)
         pending = np.zeros(0, dtype=np.float32)
         words = itertools.count(1)
+        transcript: list[str] = []
         async for message in ws:
             if message.type != WSMsgType.TEXT:
                 self.violation(f"non-text message {message.type}")
@@ -205,7 +209,10 @@ class FakeVllmOmni(FakeServer):
             event = json.loads(message.data)
             if event.get("type") == "session.close":
                 session.closed_by_client = True
-                await emit("session.closed", session={"id": session.id})
+                # `_from_duplex_event`: the duplex event, wrapped.
+                await emit("session.closed", event={"type": "session.closed",
+                                                    "session_id": session.id,
+                                                    "reason": "client_closed"})
                 await ws.close()
                 return
             if event.get("type") != "input_audio_buffer.append":
@@ -226,15 +233,28 @@ class FakeVllmOmni(FakeServer):
                     return
             pending = np.concatenate([pending, frame])
             chunks, pending = pcm16_chunks(pending, sizes)
+            # realtime_output.py, `RealtimeOutputProjector._realtime_audio_delta_events` (the
+            # audio) and `_from_duplex_event` (its transcript pair and, at a turn's end,
+            # `_realtime_audio_done_events`): the Realtime beta's names, unless told `ga_names`.
+            audio_event, text_event, done_event = (
+                ("response.output_audio.delta", "response.output_audio_transcript.delta",
+                 "response.output_audio_transcript.done") if behaviour.ga_names else
+                ("response.audio.delta", "response.audio_transcript.delta",
+                 "response.audio_transcript.done"))
             for chunk in chunks:
-                await emit("response.output_audio.delta", response_id="resp_1",
+                await emit(audio_event, response_id="resp_1", item_id="item_resp_1",
+                           output_index=0, content_index=0,
                            delta=base64.b64encode(chunk).decode(), format="pcm16",
                            sample_rate_hz=RATE)
             if n % behaviour.text_every == 0:
-                await emit("response.output_audio_transcript.delta", response_id="resp_1",
-                           delta=f"word{next(words)} ")
+                word = f"word{next(words)} "
+                transcript.append(word)
+                await emit(text_event, response_id="resp_1", item_id="item_resp_1",
+                           output_index=0, content_index=0, delta=word)
             if n % behaviour.done_every == 0:
-                await emit("response.output_audio_transcript.done", response_id="resp_1")
+                await emit(done_event, response_id="resp_1", item_id="item_resp_1",
+                           output_index=0, content_index=0, transcript="".join(transcript))
+                transcript.clear()
 
     async def _misbehave(self, ws: web.WebSocketResponse, emit: Any) -> bool:
         """Returns True when the conversation is over."""

@@ -39,10 +39,11 @@ async def finish(driver: Driver, fakes: list[FakeServer]) -> None:
     await wait_until(lambda: all(f.active == 0 for f in fakes), timeout=5)
 
 
+@pytest.mark.parametrize("ga_names", [False, True], ids=["vllm-omni names", "GA names"])
 async def test_vllm_omni_audio_comes_back_exactly_reframed_with_text(
-    start_fake: StartFake,
+    start_fake: StartFake, ga_names: bool,
 ) -> None:
-    fake = await start_fake("vllm")
+    fake = await start_fake("vllm", Behaviour(ga_names=ga_names))
     plugin = VllmOmniPlugin([fake.url], model="personaplex-7b", voice="NATF2.pt",
                             settings=FAST)
     driver = Driver(plugin)

@@ -46,6 +46,17 @@ OPEN_REFUSAL_STATUS = {
 # `journal=False` by serving.py's `OmniDuplexSessionHandler._apply_runtime_lifecycle`.)
 UNSEQUENCED_EVENTS = frozenset({"session.created", "error", "session.expired"})
 ENDING_EVENTS = frozenset({"session.closed", "session.expired"})
+# vllm-omni's Realtime projection (realtime_output.py, `RealtimeOutputProjector`) names its
+# output with the Realtime beta's names; OpenAI's GA names are the ones handled below.
+EVENT_ALIASES = {
+    "response.audio.delta": "response.output_audio.delta",
+    "response.audio_transcript.delta": "response.output_audio_transcript.delta",
+    "response.audio_transcript.done": "response.output_audio_transcript.done",
+}
+
+
+def _field(container: Any, key: str) -> Any:
+    return container.get(key) if isinstance(container, dict) else None
 
 
 def session_update(request: LinkRequest) -> dict[str, Any]:
@@ -144,7 +155,7 @@ class VllmOmniLink(UpstreamLink):
     def on_message(self, message: aiohttp.WSMessage, arrived_at: float) -> None:
         event = parse_event(message)
         self._check_seq(event)
-        kind = event["type"]
+        kind = EVENT_ALIASES.get(event["type"], event["type"])
         if kind == "response.output_audio.delta":
             self._file_audio_delta(event, arrived_at)
         elif kind == "response.output_audio_transcript.delta":
@@ -159,7 +170,8 @@ class VllmOmniLink(UpstreamLink):
             error = upstream_error(event, opening=False)
             self.inbox.notice(PluginError(error.code, error.message, status=error.status))
         elif kind in ENDING_EVENTS:
-            reason = event.get("reason") or event.get("session", {}).get("close_reason")
+            reason = (event.get("reason") or _field(event.get("event"), "reason")
+                      or _field(event.get("session"), "close_reason"))
             raise UpstreamError(
                 "upstream_session_closed", f"the model server ended the session ({reason})"
             )
