@@ -18,7 +18,7 @@ from .leg import Leg, media_counts, prepare_config
 from .leg_registry import LegRegistry
 from .plugins.base import Plugin, PluginError, SessionConfig
 from .rtc_tuning import AUDIO_CODECS, accept_rsa_dtls_peers, missing_internals
-from .sctp_limit import limit_data_channel_messages
+from .rtc_tuning.sctp_limit import limit_data_channel_messages
 from .sdp import check_offer_sdp
 from .metrics import AgentMetrics
 from .ticker import Ticker

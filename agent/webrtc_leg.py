@@ -26,7 +26,7 @@ from .outbound import AgentAudioTrack
 from .plugins.base import Plugin, StepOutput
 from .realtime_protocol import RealtimeProtocol
 from .rtc_tuning import InlineAudioDecoding
-from .sctp_limit import OVERSIZED_EVENT
+from .rtc_tuning.sctp_limit import OVERSIZED_EVENT
 from .sdp import with_explicit_directions
 from .ticker import Ticker
 from .worker_tag import tagged_token

@@ -1,4 +1,4 @@
-"""The aiortc adjustments in agent/rtc_tuning.py, each against the installed aiortc."""
+"""The aiortc adjustments in agent/rtc_tuning/, each against the installed aiortc."""
 
 from __future__ import annotations
 

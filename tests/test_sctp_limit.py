@@ -9,7 +9,7 @@ import pytest
 from aiortc.rtcsctptransport import DataChunk, RTCSctpTransport
 
 from agent.plugins.echo import EchoPlugin
-from agent.sctp_limit import MAX_MESSAGE_BYTES
+from agent.rtc_tuning.sctp_limit import MAX_MESSAGE_BYTES
 from realtime_fixtures import RealtimeClient, realtime_clients  # noqa: F401
 from support import AgentFactory, all_freed, wait_until
 

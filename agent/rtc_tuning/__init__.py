@@ -1,6 +1,7 @@
 """Settings aiortc does not expose, applied to its objects after they are built.
 
-Kept in one place so an aiortc upgrade that renames these internals breaks one module.
+Kept in this package (the SCTP receive path in `sctp_limit.py`) so an aiortc upgrade that
+renames these internals breaks here and nowhere else.
 """
 
 from __future__ import annotations
