@@ -7,7 +7,8 @@ every core, the same way for each worker count, so the caller's own CPU is part 
 Callers send pre-encoded Opus (they do not encode). A level passes as in `echo_bench.py
 capacity` (every call connected, no gap over 60 ms after the first second, >= 99 % received
 and echoed); a failing level is tried once more. Each row gives the server's CPU in cores
-(all its processes) and the caller process's, over the level. Prints a markdown table.
+(all its processes) while every call was live and over the whole level, and the caller
+process's over the level. Prints a markdown table.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from echo_bench import calibration, callers_subprocess, level_passes
+from echo_bench import LiveWindowCpu, calibration, callers_subprocess, level_passes
 from harness import ROOT, free_port, tree_cpu_seconds, wait_for_port
 
 
@@ -52,7 +53,7 @@ def main() -> None:
     args = parser.parse_args()
     print(f"\nCalibration: frame cost {calibration():.3f} ms per frame per call "
           "(`frame_cost_bench.py`, 1 call).\n")
-    print("| workers | calls | result | server CPU (cores) | caller CPU (cores) | detail |")
+    print("| workers | calls | result | server cores live (avg) | caller cores (avg) | detail |")
     print("|---|---|---|---|---|---|")
     for workers in [int(n) for n in args.workers.split(",")]:
         with agent(workers) as (url, _):
@@ -63,12 +64,15 @@ def main() -> None:
                 with agent(workers) as (url, pid):
                     before, started = tree_cpu_seconds(pid), time.monotonic()
                     caller_before = cpu_of_children()
+                    live = LiveWindowCpu(lambda: tree_cpu_seconds(pid), count, args.seconds)
                     reports = callers_subprocess(url, count, args.seconds, "opus", True, core=None)
                     wall = time.monotonic() - started
                     server_cores = (tree_cpu_seconds(pid) - before) / wall
                     caller_cores = (cpu_of_children() - caller_before) / wall
+                    live_cores = live.result()
                 ok, detail = level_passes(reports, delay / 1000)
-                row = f"{server_cores:.2f} | {caller_cores:.2f} | {detail}"
+                live_text = "-" if live_cores is None else f"{live_cores:.2f}"
+                row = f"{live_text} ({server_cores:.2f}) | {caller_cores:.2f} | {detail}"
                 if ok or attempt == 2:
                     break
                 print(f"| {workers} | {count} | (retry) | {row} |", flush=True)
