@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import errno
 import logging
 import os
 import signal
@@ -32,7 +31,7 @@ from agent.rtc_tuning import limit_host_addresses, parse_codec_list
 from . import address_limit, auth, cors, drain, gc_tuning, ice, slow_clients, telephony
 from .plugin_flags import PluginFlagsParser, plugin_extra
 from .app import create_app
-from .supervisor import run_supervisor
+from .supervisor import exit_for_listen_error, run_supervisor
 from .worker_routing import WorkerGroup
 
 log = logging.getLogger("signaling")
@@ -291,11 +290,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except AgentError as exc:  # the plugin loads its model at start-up: bad dir, voice, ...
         exit_with_error(exc.code, exc.message, cause=exc)
     except OSError as exc:
-        if exc.errno == errno.EADDRINUSE:
-            exit_with_error("port_in_use", f"{args.host}:{args.port} is already in use "
-                            "(another server?); pick another --port", cause=exc)
-        exit_with_error("listen_failed", f"cannot listen on {args.host}:{args.port}: "
-                        f"{exc.strerror or exc}", cause=exc)
+        exit_for_listen_error(exc, args.host, args.port)
     log.info("stopped")
     return 0
 

@@ -27,6 +27,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Sequence
+from typing import NoReturn
 from pathlib import Path
 
 from agent.cli_errors import exit_with_error
@@ -150,17 +151,22 @@ class Supervisor:
         return self.status
 
 
+def exit_for_listen_error(exc: OSError, host: str, port: int) -> NoReturn:
+    """The one coded line for a port that cannot be listened on, and exit 2."""
+    if exc.errno == errno.EADDRINUSE:
+        exit_with_error("port_in_use", f"{host}:{port} is already in use (another server?); "
+                        "pick another --port", cause=exc)
+    exit_with_error("listen_failed", f"cannot listen on {host}:{port}: {exc.strerror or exc}",
+                    cause=exc)
+
+
 def run_supervisor(argv: Sequence[str], count: int, host: str, port: int,
                    folder: str | None) -> int:
     """Serve `host:port` with `count` workers until they all end; the exit status."""
     try:
         listeners = bind_listeners(host, port)
     except OSError as exc:
-        if exc.errno == errno.EADDRINUSE:
-            exit_with_error("port_in_use", f"{host}:{port} is already in use (another "
-                            "server?); pick another --port", cause=exc)
-        exit_with_error("listen_failed", f"cannot listen on {host}:{port}: "
-                        f"{exc.strerror or exc}", cause=exc)
+        exit_for_listen_error(exc, host, port)
     own_folder = folder is None
     work_folder = Path(folder or tempfile.mkdtemp(prefix="agent-workers-"))
     work_folder.mkdir(parents=True, exist_ok=True)
