@@ -76,6 +76,12 @@ class MediaAgent:
         limits = [n for n in (self.settings.max_calls, self.plugin.capabilities().max_sessions) if n]
         return min(limits) if limits else 0
 
+    @property
+    def has_room(self) -> bool:
+        """A new call would be admitted now (not draining, a slot free)."""
+        capacity = self.capacity
+        return not self.draining and not (capacity and self.legs.held_slots >= capacity)
+
     def check_capacity(self) -> None:
         if self.draining:
             self.metrics.refused("draining")

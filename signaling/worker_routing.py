@@ -24,11 +24,13 @@ import aiohttp
 from aiohttp import web
 from multidict import CIMultiDict
 
+from agent.errors import AgentError
 from agent.webrtc_leg import ID_TOKEN_CHARS
 from agent.worker_tag import worker_of
 
 from .auth import SECRET_PREFIX, SECRET_TOKEN_CHARS
-from .errors import ApiError
+from .errors import ApiError, error_response
+from .keys import AGENT_KEY
 from .realtime import CALLS_PATH
 from .telephony import RTP_PATH
 from .worker_views import merge_calls, merge_health, merge_metrics
@@ -121,6 +123,30 @@ async def forward(request: web.Request, owner: int) -> web.Response:
     return web.Response(status=status, headers=headers, body=payload)
 
 
+def is_new_leg(request: web.Request) -> bool:
+    return request.method == "POST" and (request.path in NEW_CALL_PATHS
+                                         or request.path == RTP_PATH)
+
+
+async def place_elsewhere(request: web.Request) -> web.Response:
+    """This worker is full: offer the new call to the others in turn, so the server refuses
+    only when every worker is (admission counts all workers, not one's share)."""
+    group = request.app[WORKERS_KEY]
+    body = await request.read()
+    for step in range(1, group.count):
+        index = (group.index + step) % group.count
+        try:
+            status, headers, payload = await ask(request, index, body)
+        except (aiohttp.ClientError, OSError, asyncio.TimeoutError):
+            continue
+        if status == 503 and b'"server_full"' in payload:
+            continue
+        return web.Response(status=status, headers=headers, body=payload)
+    request.app[AGENT_KEY].check_capacity()  # everyone is full: the coded 503 from here
+    # A slot freed here meanwhile: the body is read, so the caller retries (rare).
+    raise ApiError("server_full", "every worker was full a moment ago; retry", status=503)
+
+
 async def ask_all(request: web.Request) -> list[tuple[int, int | None, bytes]]:
     """(worker, status or None if unreachable, body) from every worker, this one included."""
     group = request.app[WORKERS_KEY]
@@ -160,9 +186,14 @@ async def worker_routing_middleware(
         await asyncio.gather(*(ask(request, i) for i in others), return_exceptions=True)
         return await handler(request)
     owner = owner_of(request)
-    if owner is None or owner == group.index or owner >= group.count:
-        return await handler(request)
-    return await forward(request, owner)
+    try:
+        if owner is None and is_new_leg(request) and not request.app[AGENT_KEY].has_room:
+            return await place_elsewhere(request)
+        if owner is None or owner == group.index or owner >= group.count:
+            return await handler(request)
+        return await forward(request, owner)
+    except AgentError as exc:  # this middleware sits outside the error middleware (and CORS,
+        return error_response(exc)  # so a relayed answer does not get CORS headers twice)
 
 
 async def _close_sessions(app: web.Application) -> None:
@@ -171,9 +202,9 @@ async def _close_sessions(app: web.Application) -> None:
 
 
 def install(app: web.Application, group: WorkerGroup) -> None:
-    """Route by owner: right inside the error middleware (so a refusal here is coded JSON),
-    before auth, limits and CORS, which the owner applies."""
+    """Route by owner before CORS, auth and limits, which the owner applies (outside the
+    CORS middleware, so a relayed answer carries the owner's CORS headers only)."""
     app[WORKERS_KEY] = group
     app[SESSIONS_KEY] = {}
-    app.middlewares.insert(1, worker_routing_middleware)
+    app.middlewares.insert(0, worker_routing_middleware)
     app.on_cleanup.append(_close_sessions)

@@ -194,3 +194,27 @@ def test_the_worker_count_follows_the_plugin() -> None:
     # A model held in the process keeps every call in one process, whatever is asked.
     assert worker_count(parse(["--plugin", "personaplex", "--workers", "4"])) == 1
     assert worker_count(parse(["--plugin", "moshi-server", "--workers", "4"])) == 1
+
+
+async def test_a_full_worker_passes_a_new_call_to_one_with_room(tmp_path: Path) -> None:
+    folder = tmp_path / "workers"
+    async with running_server("--workers", "2", "--worker-dir", str(folder),
+                              "--max-sessions", "2") as (process, url, _):
+        group = Workers(process, url, folder)
+
+        async def both_up() -> bool:
+            health = await group.health()
+            return [w.get("pid") is not None for w in health["workers"]] == [True, True]
+        await wait_for_async(both_up, 60)
+        try:
+            first = await group.call_on(0)  # worker 0's one slot
+            second = await group.call_on(0)  # full there: made on worker 1
+            assert (owner(first), owner(second)) == (0, 1)
+            client = RealtimeClient("http://worker")
+            group.clients.append(client)
+            async with group.via(0).post("http://worker" + CALLS, data=await client.offer_sdp(),
+                                         headers={"Content-Type": "application/sdp"}) as response:
+                assert response.status == 503  # every worker full
+                assert (await response.json())["error"]["code"] == "server_full"
+        finally:
+            await group.close()
