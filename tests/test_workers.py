@@ -7,6 +7,7 @@ drains both."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 from collections.abc import AsyncIterator
@@ -15,13 +16,13 @@ from typing import Any
 
 import aiohttp
 import pytest
+from aiortc import RTCSessionDescription
 from prometheus_client.parser import text_string_to_metric_families
 
 from agent.webrtc_leg import ID_TOKEN_CHARS
 from agent.worker_tag import worker_of
 from realtime_fixtures import RealtimeClient, ice_credentials, sdpfrag, strip_candidates
 from server_process import Process, running_server
-from support import wait_until
 
 CALLS = "/v1/realtime/calls"
 
@@ -57,7 +58,6 @@ class Workers:
             answer = await response.text()
             assert response.status == 201, answer
             client.location = response.headers["Location"]
-        from aiortc import RTCSessionDescription
         await client.pc.setRemoteDescription(RTCSessionDescription(answer, "answer"))
         await asyncio.wait_for(client.connected.wait(), 20)
         return client
@@ -69,10 +69,11 @@ class Workers:
             await session.close()
 
 
-@pytest.fixture
-async def workers(tmp_path: Path) -> AsyncIterator[Workers]:
-    folder = tmp_path / "workers"
-    async with running_server("--workers", "2", "--worker-dir", str(folder)) as (process, url, _):
+@contextlib.asynccontextmanager
+async def two_workers(folder: Path, *flags: str) -> AsyncIterator[Workers]:
+    """A server with two workers, once both answer; its clients closed on the way out."""
+    async with running_server("--workers", "2", "--worker-dir", str(folder),
+                              *flags) as (process, url, _):
         group = Workers(process, url, folder)
 
         async def both_up() -> bool:
@@ -83,6 +84,12 @@ async def workers(tmp_path: Path) -> AsyncIterator[Workers]:
             yield group
         finally:
             await group.close()
+
+
+@pytest.fixture
+async def workers(tmp_path: Path) -> AsyncIterator[Workers]:
+    async with two_workers(tmp_path / "workers") as group:
+        yield group
 
 
 async def wait_for_async(predicate: Any, timeout: float) -> None:
@@ -197,24 +204,13 @@ def test_the_worker_count_follows_the_plugin() -> None:
 
 
 async def test_a_full_worker_passes_a_new_call_to_one_with_room(tmp_path: Path) -> None:
-    folder = tmp_path / "workers"
-    async with running_server("--workers", "2", "--worker-dir", str(folder),
-                              "--max-sessions", "2") as (process, url, _):
-        group = Workers(process, url, folder)
-
-        async def both_up() -> bool:
-            health = await group.health()
-            return [w.get("pid") is not None for w in health["workers"]] == [True, True]
-        await wait_for_async(both_up, 60)
-        try:
-            first = await group.call_on(0)  # worker 0's one slot
-            second = await group.call_on(0)  # full there: made on worker 1
-            assert (owner(first), owner(second)) == (0, 1)
-            client = RealtimeClient("http://worker")
-            group.clients.append(client)
-            async with group.via(0).post("http://worker" + CALLS, data=await client.offer_sdp(),
-                                         headers={"Content-Type": "application/sdp"}) as response:
-                assert response.status == 503  # every worker full
-                assert (await response.json())["error"]["code"] == "server_full"
-        finally:
-            await group.close()
+    async with two_workers(tmp_path / "workers", "--max-sessions", "2") as group:
+        first = await group.call_on(0)  # worker 0's one slot
+        second = await group.call_on(0)  # full there: made on worker 1
+        assert (owner(first), owner(second)) == (0, 1)
+        client = RealtimeClient("http://worker")
+        group.clients.append(client)
+        async with group.via(0).post("http://worker" + CALLS, data=await client.offer_sdp(),
+                                     headers={"Content-Type": "application/sdp"}) as response:
+            assert response.status == 503  # every worker full
+            assert (await response.json())["error"]["code"] == "server_full"
