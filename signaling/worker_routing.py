@@ -1,8 +1,8 @@
 """With several workers (`--workers`): each request reaches the worker that owns what it names.
 
 Any worker may accept a connection. A request about a call or RTP leg goes to the worker
-whose tag its id carries (agent/worker_tag.py), and a new call made with an ephemeral secret
-goes to the worker that minted the secret (the page then hangs up through the same worker);
+whose tag its id carries (agent/worker_tag.py), and a request made with an ephemeral secret
+(a new call, the page's /v1/models) goes to the worker that minted the secret;
 the owner handles it as if it had accepted it, auth included, and its answer is relayed
 unchanged. Views of the whole server — `/health`, `/metrics`, `/metrics/calls` — ask every
 worker and add up what they say; `POST /admin/drain` drains every worker. Workers talk over
@@ -67,11 +67,12 @@ def owner_of(request: web.Request) -> int | None:
         match = pattern.match(request.path)
         if match:
             return worker_of(match.group(1), ID_TOKEN_CHARS)
-    if request.method == "POST" and request.path in NEW_CALL_PATHS:
-        scheme, _, token = request.headers.get("Authorization", "").strip().partition(" ")
-        token = token.strip()
-        if scheme.lower() == "bearer" and token.startswith(SECRET_PREFIX):
-            return worker_of(token, SECRET_TOKEN_CHARS)
+    # Only the worker that minted an ephemeral secret knows it: whatever a page does with it
+    # (new calls, /v1/models, /v1/realtime/config) goes there.
+    scheme, _, token = request.headers.get("Authorization", "").strip().partition(" ")
+    token = token.strip()
+    if scheme.lower() == "bearer" and token.startswith(SECRET_PREFIX):
+        return worker_of(token, SECRET_TOKEN_CHARS)
     return None
 
 

@@ -147,6 +147,11 @@ async def test_a_secret_makes_its_calls_on_the_worker_that_minted_it(workers: Wo
                                    json={}) as response:
         assert response.status == 200, await response.text()
         secret = (await response.json())["value"]
+    # Only worker 1 knows the secret; through worker 0 the page still reads what it needs.
+    for path in ("/v1/models", "/v1/realtime/config"):
+        async with workers.via(0).get("http://worker" + path, headers={
+                "Authorization": f"Bearer {secret}"}) as response:
+            assert response.status == 200, (path, await response.text())
     call = await workers.call_on(0, headers={"Authorization": f"Bearer {secret}"})
     assert owner(call) == 1  # posted to worker 0, made where the secret lives
     async with workers.via(0).delete("http://worker" + call.location,
