@@ -15,14 +15,13 @@ import argparse
 import json
 import signal
 import subprocess
-import sys
 import threading
 import time
 import urllib.error
 import urllib.request
 
 from echo_bench import callers_subprocess
-from harness import ROOT, free_port, taskset, wait_for_port
+from harness import ROOT, agent_command, free_port, taskset, wait_for_port
 
 
 def live_calls(url: str) -> int:
@@ -53,10 +52,9 @@ def main() -> None:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     process = subprocess.Popen(
-        taskset("0") + [sys.executable, "-m", "signaling", "--port", str(port), "--ice-host",
-                        "127.0.0.1", "--log-level", "WARNING", "--codecs", "PCMU",
-                        "--max-unauthenticated-per-address", "0",
-                        "--drain-seconds", str(args.drain_seconds)],
+        taskset("0") + agent_command(port, "--ice-host", "127.0.0.1", "--codecs", "PCMU",
+                                     "--max-unauthenticated-per-address", "0",
+                                     "--drain-seconds", str(args.drain_seconds)),
         cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         wait_for_port(port)

@@ -32,7 +32,7 @@ from collections.abc import Callable
 from contextlib import contextmanager
 from typing import Any, Iterator
 
-from harness import ROOT, cpu_seconds, free_port, server_on_core0, taskset
+from harness import ROOT, agent_command, cpu_seconds, free_port, server_on_core0, taskset
 
 GAP_LIMIT_MS = 60.0
 
@@ -44,10 +44,9 @@ SERVER_PIDS: list[int] = []
 def server(kind: str, extra: list[str] | None = None) -> Iterator[str]:
     port = free_port()
     if kind == "agent":
-        command = [sys.executable, "-m", "signaling", "--port", str(port), "--ice-host",
-                   "127.0.0.1", "--log-level", "WARNING",
-                   # one address opening a whole level of calls at once: not an attack
-                   "--max-unauthenticated-per-address", "0", *(extra or [])]
+        command = agent_command(port, "--ice-host", "127.0.0.1",
+                                # one address opening a whole level of calls at once: not an attack
+                                "--max-unauthenticated-per-address", "0", *(extra or []))
     else:
         command = [sys.executable, "benchmarks/plain_aiortc_echo.py", "--port", str(port)]
     with server_on_core0(command, port) as pid:

@@ -6,6 +6,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -18,6 +19,14 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def agent_command(port: int, *flags: str, workers: int = 1) -> list[str]:
+    """`python -m signaling` on `port` as a benchmark runs it: one worker process unless told
+    otherwise (the server's default is one per core, and a benchmark that pins the server to
+    a core or reads one pid's CPU, memory or threads measures one process)."""
+    return [sys.executable, "-m", "signaling", "--port", str(port), "--workers", str(workers),
+            "--log-level", "WARNING", *flags]
 
 
 def wait_for_port(port: int, timeout: float = 20.0) -> None:
@@ -70,8 +79,6 @@ def tree_cpu_seconds(pid: int) -> float:
 def server_on_core0(command: list[str], port: int) -> Iterator[int]:
     """A server process pinned to core 0, once `port` accepts; its pid. Stopped with SIGINT
     (killed after 10 s) on the way out."""
-    if "signaling" in command and "--workers" not in command:
-        command = [*command, "--workers", "1"]  # one core: one worker
     process = subprocess.Popen(taskset("0") + command, cwd=ROOT, stdout=subprocess.DEVNULL,
                                stderr=subprocess.DEVNULL)
     try:

@@ -20,7 +20,7 @@ import time
 import aiohttp
 from aiortc.rtp import RtpPacket
 
-from harness import ROOT, free_port, wait_for_port
+from harness import ROOT, agent_command, free_port, wait_for_port
 from soak_bench import proc_figures
 
 sys.path.insert(0, str(ROOT))
@@ -77,8 +77,7 @@ def main() -> None:
     args = parser.parse_args()
     port = free_port()
     server = subprocess.Popen(
-        [sys.executable, "-m", "signaling", "--port", str(port), "--log-level", "WARNING",
-         "--max-unauthenticated-per-address", "0"],
+        agent_command(port, "--max-unauthenticated-per-address", "0"),
         cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         wait_for_port(port)

@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import socket
 import subprocess
 import sys
 import time
@@ -29,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from agent.telephony.codec import PCMU  # noqa: E402
 from agent.testing.testsignal import make_test_signal, measure_echo  # noqa: E402
+from harness import agent_command, free_port  # noqa: E402
 
 RATE = 8000
 
@@ -39,12 +39,6 @@ class Receiver(asyncio.DatagramProtocol):
 
     def datagram_received(self, data: bytes, addr: tuple[str, int]) -> None:
         self.payloads.append(RtpPacket.parse(data).payload)
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def http_json(method: str, url: str, body: dict | None = None) -> dict:
@@ -103,8 +97,7 @@ async def main() -> None:
     parser.add_argument("--durations", default="10,20,23.2,30,40,60")
     args = parser.parse_args()
     port = free_port()
-    server = subprocess.Popen([sys.executable, "-m", "signaling", "--port", str(port),
-                               "--log-level", "WARNING"])
+    server = subprocess.Popen(agent_command(port))
     base = f"http://127.0.0.1:{port}"
     try:
         for _ in range(100):

@@ -28,7 +28,7 @@ from typing import Any
 
 import aiohttp
 
-from harness import ROOT, free_port, taskset, wait_for_port
+from harness import ROOT, agent_command, free_port, taskset, wait_for_port
 
 sys.path.insert(0, str(ROOT))
 
@@ -131,9 +131,8 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=2.0)
     args = parser.parse_args()
     port = free_port()
-    command = taskset("0") + [sys.executable, "-m", "signaling", "--port", str(port),
-                              "--ice-host", "127.0.0.1", "--connect-timeout", "3",
-                              "--log-level", "WARNING", "--max-unauthenticated-per-address", "0"]
+    command = taskset("0") + agent_command(port, "--ice-host", "127.0.0.1", "--connect-timeout",
+                                           "3", "--max-unauthenticated-per-address", "0")
     server = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL,
                               stderr=subprocess.DEVNULL)
     if len(os.sched_getaffinity(0)) > 1:

@@ -28,7 +28,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
-from harness import ROOT, cpu_seconds, free_port, server_on_core0, taskset
+from harness import ROOT, agent_command, cpu_seconds, free_port, server_on_core0, taskset
 
 sys.path.insert(0, str(ROOT))
 
@@ -43,11 +43,8 @@ TAIL_SECONDS = 0.6  # keep listening after the last chunk so its echo can come b
 @contextmanager
 def agent_server() -> Iterator[tuple[str, int]]:
     port = free_port()
-    command = [
-        sys.executable, "-m", "signaling", "--port", str(port), "--log-level", "WARNING",
-        "--rtp-ports", "42000-43999", "--idle-timeout", "30",
-        "--max-unauthenticated-per-address", "0",
-    ]
+    command = agent_command(port, "--rtp-ports", "42000-43999", "--idle-timeout", "30",
+                            "--max-unauthenticated-per-address", "0")
     with server_on_core0(command, port) as pid:
         yield f"http://127.0.0.1:{port}", pid
 

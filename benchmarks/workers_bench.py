@@ -15,21 +15,19 @@ from __future__ import annotations
 
 import argparse
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 from echo_bench import LiveWindowCpu, calibration, callers_subprocess, level_passes
-from harness import ROOT, free_port, tree_cpu_seconds, wait_for_port
+from harness import ROOT, agent_command, free_port, tree_cpu_seconds, wait_for_port
 
 
 @contextmanager
 def agent(workers: int) -> Iterator[tuple[str, int]]:
     port = free_port()
-    command = [sys.executable, "-m", "signaling", "--port", str(port), "--ice-host",
-               "127.0.0.1", "--log-level", "WARNING", "--workers", str(workers),
-               "--max-sessions", "0", "--max-unauthenticated-per-address", "0"]
+    command = agent_command(port, "--ice-host", "127.0.0.1", "--max-sessions", "0",
+                            "--max-unauthenticated-per-address", "0", workers=workers)
     process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL,
                                stderr=subprocess.DEVNULL)
     try:
