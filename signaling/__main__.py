@@ -83,8 +83,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="worker processes behind the one port, each with its own event loop and its "
         "share of --max-sessions (default: one per CPU core for plugins that run one "
         "instance per worker — echo, vllm-omni; always 1 for a model held in this process — "
-        "personaplex, moshi — and for moshi-server, whose reference servers hold one call: "
-        "scale those out with more engines behind the remote plugins)")
+        "personaplex, moshi — for moshi-server, whose reference servers hold one call, and "
+        "with --tls-cert: scale the models out with more engines behind the remote plugins, "
+        "and end TLS in front of the server)")
     parser.add_argument("--worker-dir", default=None, metavar="DIR",
                         help="folder for the workers' private unix sockets (default: a new "
                         "temporary folder)")
@@ -204,6 +205,13 @@ def plugin_options_from_args(args: argparse.Namespace) -> PluginOptions:
 
 def worker_count(args: argparse.Namespace) -> int:
     """How many workers to run: as asked, or one per core, where the plugin allows it."""
+    if args.tls_cert:
+        # aiohttp's unix-socket client speaks no TLS, and run_app puts the server's TLS on
+        # every socket it serves, the workers' private ones included: they could not forward.
+        if args.workers is not None and args.workers > 1:
+            log.warning("--tls-cert serves from one process: --workers %d is ignored (end TLS "
+                        "in front of the server to use several workers)", args.workers)
+        return 1
     if not plugin_class(args.plugin).runs_per_worker:
         if args.workers is not None and args.workers > 1:
             log.warning("plugin %s keeps every call in one process (one batched step serves "
@@ -234,8 +242,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     group = None
     if args.worker_index is not None:
         worker_tag.set_worker(args.worker_index)
-        group = WorkerGroup(args.worker_index, workers, Path(args.worker_dir),
-                            tls=bool(args.tls_cert))
+        group = WorkerGroup(args.worker_index, workers, Path(args.worker_dir))
     # Checked here, before any worker starts, so a mistake is one line from this process.
     try:
         ssl_context = tls_context_from_args(args)

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import re
-import ssl
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,7 +50,6 @@ class WorkerGroup:
     index: int
     count: int
     folder: Path
-    tls: bool = False
 
     def socket_path(self, index: int) -> Path:
         return self.folder / f"worker-{index}.sock"
@@ -97,16 +95,9 @@ def _request_headers(request: web.Request) -> CIMultiDict[str]:
 async def ask(request: web.Request, index: int, body: Any = None
               ) -> tuple[int, CIMultiDict[str], bytes]:
     """Send `request` (or its `body`) to worker `index`; its status, headers and body."""
-    group = request.app[WORKERS_KEY]
-    scheme = "https" if group.tls else "http"
-    tls: ssl.SSLContext | bool = False
-    if group.tls:  # the workers' unix sockets speak the server's TLS; no name to check
-        tls = ssl.create_default_context()
-        tls.check_hostname = False
-        tls.verify_mode = ssl.CERT_NONE
     async with _session(request.app, index).request(
-        request.method, f"{scheme}://worker{request.path_qs}", headers=_request_headers(request),
-        data=body, ssl=tls, allow_redirects=False,
+        request.method, f"http://worker{request.path_qs}", headers=_request_headers(request),
+        data=body, allow_redirects=False,
     ) as response:
         headers = CIMultiDict((name, value) for name, value in response.headers.items()
                               if name.lower() not in HOP_HEADERS | {"content-length"})

@@ -206,6 +206,8 @@ def test_the_worker_count_follows_the_plugin() -> None:
     # A model held in the process keeps every call in one process, whatever is asked.
     assert worker_count(parse(["--plugin", "personaplex", "--workers", "4"])) == 1
     assert worker_count(parse(["--plugin", "moshi-server", "--workers", "4"])) == 1
+    # The workers' private sockets could not speak TLS to each other.
+    assert worker_count(parse(["--workers", "4", "--tls-cert", "c.pem", "--tls-key", "k.pem"])) == 1
 
 
 async def test_a_full_worker_passes_a_new_call_to_one_with_room(tmp_path: Path) -> None:
