@@ -123,15 +123,23 @@ class Supervisor:
         self.stopping = True
         self.signal_all(signum)
 
+    def exit_status(self, worker_status: int) -> int:
+        if self.stopping and worker_status == -signal.SIGTERM:
+            # Ended by the SIGTERM passed on before it had installed its drain handler, that is
+            # while still starting: it had no calls, so nothing was cut short.
+            return 0
+        return abs(worker_status)
+
     def run(self) -> int:
         signal.signal(signal.SIGTERM, self.on_signal)
         signal.signal(signal.SIGINT, self.on_signal)
         self.spawn(0)
         status = self.wait_ready(0)
         if status is not None:
-            return status  # the worker said why, once
+            return self.exit_status(status)  # the worker said why, once
         for index in range(1, self.count):
-            self.spawn(index)
+            if not self.stopping:
+                self.spawn(index)
         log.info("%d workers serving (pids %s)", self.count,
                  ", ".join(str(w.pid) for w in self.workers.values()))
         while self.workers:
@@ -147,7 +155,7 @@ class Supervisor:
                     time.sleep(RESTART_DELAY)
                     self.spawn(index)
                     continue
-                self.status = max(self.status, abs(status))
+                self.status = max(self.status, self.exit_status(status))
         return self.status
 
 

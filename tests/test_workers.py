@@ -221,3 +221,34 @@ async def test_a_full_worker_passes_a_new_call_to_one_with_room(tmp_path: Path) 
                                      headers={"Content-Type": "application/sdp"}) as response:
             assert response.status == 503  # every worker full
             assert (await response.json())["error"]["code"] == "server_full"
+
+
+def test_a_worker_stopped_while_still_starting_counts_as_drained(tmp_path: Path) -> None:
+    """SIGTERM reaching a worker before its drain handler is installed kills it with the
+    default action; that worker had no calls yet, so the supervisor still exits 0."""
+    import subprocess
+    import sys
+    import threading
+    from signaling.supervisor import Supervisor
+
+    class StartingWorkers(Supervisor):
+        def spawn(self, index: int) -> subprocess.Popen[bytes]:
+            sleeper = [sys.executable, "-c", "import time; time.sleep(60)"]
+            self.workers[index] = subprocess.Popen(sleeper)
+            return self.workers[index]
+
+        def wait_ready(self, index: int) -> int | None:
+            return None
+
+    supervisor = StartingWorkers([], 2, tmp_path, [])
+    handlers = {signum: signal.getsignal(signum) for signum in (signal.SIGTERM, signal.SIGINT)}
+    stop = threading.Timer(0.5, supervisor.on_signal, (signal.SIGTERM, None))
+    stop.start()
+    try:
+        assert supervisor.run() == 0
+    finally:
+        stop.cancel()
+        for signum, handler in handlers.items():
+            signal.signal(signum, handler)
+        for worker in supervisor.workers.values():
+            worker.kill()
