@@ -16,7 +16,7 @@ import asyncio
 import logging
 import time
 from collections import deque
-from collections.abc import Awaitable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -92,15 +92,11 @@ class Leg:
         self.end_reason: str | None = None
         self.queued_samples = 0  # agent samples ever put in the playout buffer
         self.closed = asyncio.Event()
-        self.tasks = TaskOwner(leg_id)
+        self.tasks = TaskOwner(leg_id)  # cancelled when the leg closes
         self.closing = False
         self._close_task: asyncio.Task[None] | None = None
 
     # -- lifecycle --------------------------------------------------------------------------
-
-    def spawn(self, coro: Awaitable[Any], name: str) -> asyncio.Task[Any]:
-        """Start a task this leg owns: it is cancelled when the leg closes."""
-        return self.tasks.spawn(coro, name)
 
     async def open_plugin_slot(self, prepared: PreparedConfig) -> None:
         """Take a ticker seat for a prepared config (AgentError if refused; the config is
@@ -126,7 +122,7 @@ class Leg:
             slot.tap = self.recorder.add_tick
 
     def start_watchdog(self) -> None:
-        self.spawn(self._watch(), "watchdog")
+        self.tasks.spawn(self._watch(), "watchdog")
 
     async def _watch(self) -> None:
         while True:
@@ -142,12 +138,13 @@ class Leg:
     async def on_time_limit(self, limit: float) -> None:
         await self.close("max_call_seconds")
 
-    async def end_with_notice(self, reason: str, message: str) -> None:
+    async def end_with_notice(self, reason: str, message: str | None = None) -> None:
         """End the leg, first telling the caller why where its transport can (see
-        `notify_ending`)."""
+        `notify_ending`). Without a message the caller was already told (an error event
+        emitted just before), and that event is given the same time to leave."""
         if self.closing:
             return
-        if self.notify_ending(reason, message):
+        if message is None or self.notify_ending(reason, message):
             await asyncio.sleep(NOTICE_SECONDS)
         await self.close(reason)
 
@@ -201,15 +198,11 @@ class Leg:
             self.emit(error_event_from(output.error))
         reason = output.end_reason
         if reason is not None and not self.closing:
-            self.spawn(self._end_after_events(reason), "plugin-end")
+            self.tasks.spawn(self.end_with_notice(reason), "plugin-end")
         audio = output.mono_audio()
         self.playout.push(audio)
         self.queued_samples += len(audio)
         self.after_output(output, audio)
-
-    async def _end_after_events(self, reason: str) -> None:
-        await asyncio.sleep(NOTICE_SECONDS)  # let the error event leave first
-        await self.close(reason)
 
     def after_output(self, output: StepOutput, audio: np.ndarray) -> None:
         """A transport's or protocol's look at each step's answer (transcripts, speech)."""

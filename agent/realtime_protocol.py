@@ -57,7 +57,7 @@ class RealtimeProtocol:
         """A message channel opened: greet it; client messages go to `inbox.offer`."""
         self.channel.attach(send)
         if self._served is None:  # one consumer keeps events in order
-            self._served = self.leg.spawn(self.inbox.serve(), "client-events")
+            self._served = self.leg.tasks.spawn(self.inbox.serve(), "client-events")
         self.leg.emit(server_event("session.created", session=self.describe_session()))
 
     def detach(self) -> None:

@@ -74,7 +74,7 @@ class WebRtcLeg(Leg):
         if state == "connected":
             self.watchdog.media_started()
         elif state in ("failed", "closed"):
-            self.spawn(self.close(f"connection_{state}"), "close")
+            self.tasks.spawn(self.close(f"connection_{state}"), "close")
 
     def attach_channel(self, channel: RTCDataChannel) -> None:
         channel.on("message", self.realtime.inbox.offer)
@@ -135,9 +135,9 @@ class WebRtcLeg(Leg):
 
     def on_remote_track(self, track: MediaStreamTrack) -> None:
         if track.kind == "audio":
-            self.spawn(self._read_inbound(track), "inbound")
+            self.tasks.spawn(self._read_inbound(track), "inbound")
         else:
-            self.spawn(self._drain(track), "drain")
+            self.tasks.spawn(self._drain(track), "drain")
 
     async def _read_inbound(self, track: MediaStreamTrack) -> None:
         while True:

@@ -90,7 +90,6 @@ def preflight(request: web.Request) -> web.Response:
 
 @web.middleware
 async def cors_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    origin = allowed_origin(request)
     if foreign_origin_refused(request):
         response: web.StreamResponse = json_error(
             403, "origin_not_allowed",
@@ -100,6 +99,12 @@ async def cors_middleware(request: web.Request, handler: Handler) -> web.StreamR
         response = preflight(request)
     else:
         response = await handler(request)
+    return with_cors_headers(request, response)
+
+
+def with_cors_headers(request: web.Request, response: web.StreamResponse) -> web.StreamResponse:
+    """The response, with the CORS headers this request's origin is granted."""
+    origin = allowed_origin(request)
     if origin is not None and not response.prepared:
         response.headers["Access-Control-Allow-Origin"] = origin
         response.headers["Access-Control-Expose-Headers"] = EXPOSE_HEADERS

@@ -28,6 +28,7 @@ from agent.webrtc_leg import ID_TOKEN_CHARS
 from agent.worker_tag import worker_of
 
 from .auth import SECRET_PREFIX, SECRET_TOKEN_CHARS
+from .cors import with_cors_headers
 from .errors import ApiError, error_response
 from .keys import AGENT_KEY
 from .realtime import CALLS_PATH
@@ -172,7 +173,9 @@ async def worker_routing_middleware(
         own_status = next(status for index, status, _ in answers if index == group.index)
         if own_status != 200:
             return await handler(request)
-        return view(answers)
+        # Built here, outside the CORS middleware: the whole server's answer gets its
+        # headers as each worker's own would.
+        return with_cors_headers(request, view(answers))
     if request.path == "/admin/drain" and request.method == "POST":
         others = [i for i in range(group.count) if i != group.index]
         await asyncio.gather(*(ask(request, i) for i in others), return_exceptions=True)

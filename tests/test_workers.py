@@ -252,3 +252,14 @@ def test_a_worker_stopped_while_still_starting_counts_as_drained(tmp_path: Path)
             signal.signal(signum, handler)
         for worker in supervisor.workers.values():
             worker.kill()
+
+
+async def test_the_whole_server_views_carry_cors_headers(tmp_path: Path) -> None:
+    origin = "https://app.example"
+    async with two_workers(tmp_path / "workers", "--cors-origin", origin) as group:
+        for path in ("/health", "/metrics", "/metrics/calls"):
+            async with group.via(0).get("http://worker" + path,
+                                        headers={"Origin": origin}) as response:
+                assert response.status == 200
+                assert response.headers.get("Access-Control-Allow-Origin") == origin, path
+                assert response.headers.get("Vary") == "Origin"

@@ -245,23 +245,6 @@ class Plugin(abc.ABC):
         """Plugin-wide numbers for `/health` (event loop), e.g. a remote engine pool's state."""
         return {}
 
-    def check_extra_body(self, extra_body: Mapping[str, Any], allowed: frozenset[str]) -> None:
-        """Refuse server-private keys first, then keys this plugin does not know."""
-        for key in extra_body:
-            if key in self.private_keys:
-                raise PluginError(
-                    "private_option",
-                    f"extra_body.{key} is set by the server and cannot be set by a client",
-                    param=f"extra_body.{key}",
-                )
-        for key in extra_body:
-            if key not in allowed:
-                raise PluginError(
-                    "unknown_option",
-                    f"extra_body.{key} is not an option of plugin '{self.id}'",
-                    param=f"extra_body.{key}",
-                )
-
     @abc.abstractmethod
     async def prepare_runtime_config(self, session_config: SessionConfig) -> RuntimeConfig:
         """Validate a client's session config; raise PluginError with a code when refused."""
@@ -295,7 +278,7 @@ class Plugin(abc.ABC):
                 param="session.instructions",
             )
         if update.extra_body:
-            self.check_extra_body(update.extra_body, frozenset())
+            check_extra_body(self, update.extra_body, frozenset())
         return current
 
     @abc.abstractmethod
@@ -326,3 +309,22 @@ class Plugin(abc.ABC):
             (self.frame_size,) if self.channels == 1 else (self.frame_size, self.channels)
         )
         return np.zeros(shape, dtype=np.float32)
+
+
+def check_extra_body(plugin: Plugin, extra_body: Mapping[str, Any],
+                     allowed: frozenset[str]) -> None:
+    """Refuse the plugin's server-private keys first, then keys it does not know."""
+    for key in extra_body:
+        if key in plugin.private_keys:
+            raise PluginError(
+                "private_option",
+                f"extra_body.{key} is set by the server and cannot be set by a client",
+                param=f"extra_body.{key}",
+            )
+    for key in extra_body:
+        if key not in allowed:
+            raise PluginError(
+                "unknown_option",
+                f"extra_body.{key} is not an option of plugin '{plugin.id}'",
+                param=f"extra_body.{key}",
+            )

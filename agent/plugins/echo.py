@@ -11,6 +11,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from .base import (
+    check_extra_body,
     Capabilities,
     Plugin,
     PluginError,
@@ -71,7 +72,7 @@ class EchoPlugin(Plugin):
         return self._capabilities
 
     async def prepare_runtime_config(self, session_config: SessionConfig) -> RuntimeConfig:
-        self.check_extra_body(session_config.extra_body, ECHO_OPTIONS)
+        check_extra_body(self, session_config.extra_body, ECHO_OPTIONS)
         options = {}
         if "delay_frames" in session_config.extra_body:
             options["delay_frames"] = delay_frames_option(
@@ -88,7 +89,7 @@ class EchoPlugin(Plugin):
         self, current: RuntimeConfig, update: SessionConfig
     ) -> RuntimeConfig:
         # Voice and instructions mean nothing to an echo, so any value is accepted as-is.
-        self.check_extra_body(update.extra_body, frozenset())
+        check_extra_body(self, update.extra_body, frozenset())
         return RuntimeConfig(
             voice=update.voice if update.voice is not None else current.voice,
             instructions=(

@@ -61,7 +61,7 @@ class TelephonyLeg(Leg):
         agent.legs.add(self)
 
     def start_sending(self) -> None:
-        self.spawn(self._send_loop(), "send")
+        self.tasks.spawn(self._send_loop(), "send")
 
     async def close_transport(self, reason: str) -> None:
         try:
@@ -105,7 +105,7 @@ class TelephonyLeg(Leg):
                 await self.send_chunk(self.next_payload())
             except (ConnectionError, OSError, RuntimeError) as exc:
                 log.info("%s: send failed (%r); ending", self.id, exc)
-                self.spawn(self.close("transport_closed"), "close")
+                self.tasks.spawn(self.close("transport_closed"), "close")
                 return
 
     async def send_chunk(self, payload: bytes) -> None:

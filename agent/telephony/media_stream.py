@@ -202,7 +202,7 @@ class MediaStreamSession(TelephonyLeg):
         if event.get("type") != "error":
             return  # the protocol has a message for errors only
         error = event.get("error", {})
-        self.spawn(self._send_error(error.get("code", "error"), error.get("message", "")),
+        self.tasks.spawn(self._send_error(error.get("code", "error"), error.get("message", "")),
                    "error")
 
     async def _send_error(self, code: str, message: str) -> None:

@@ -229,7 +229,7 @@ class RtpLeg(TelephonyLeg):
         if digit is None:
             return
         if self.admit_dtmf():
-            self.spawn(self.dtmf(digit), "dtmf")
+            self.tasks.spawn(self.dtmf(digit), "dtmf")
 
     def _accepts_payload_type(self, payload_type: int) -> bool:
         if self.codec.payload_type is not None:

@@ -25,6 +25,7 @@ import torch
 from safetensors import SafetensorError
 
 from ..base import (
+    check_extra_body,
     Capabilities,
     Plugin,
     PluginError,
@@ -278,7 +279,7 @@ class PersonaPlexPlugin(Plugin):
 
     async def prepare_runtime_config(self, session_config: SessionConfig) -> RuntimeConfig:
         model = self._loaded()
-        self.check_extra_body(session_config.extra_body, policy.CLIENT_EXTRA_BODY_KEYS)
+        check_extra_body(self, session_config.extra_body, policy.CLIENT_EXTRA_BODY_KEYS)
         voice, persona = self._voice_and_persona(model, session_config)
         kwargs = model.info.lm_kwargs
         sampling = policy.sampling_options(session_config.extra_body, int(kwargs["card"]),
@@ -308,7 +309,7 @@ class PersonaPlexPlugin(Plugin):
         if update.instructions is not None and update.instructions.strip() != (current.instructions or ""):
             raise policy.persona_update_unsupported(self.id)
         if update.extra_body:
-            self.check_extra_body(update.extra_body, frozenset())
+            check_extra_body(self, update.extra_body, frozenset())
         return current
 
     # ------------------------------------------------------------------ sessions (ticker thread)
@@ -388,5 +389,5 @@ class MoshiPlugin(PersonaPlexPlugin):
         if update.instructions and update.instructions.strip():
             raise policy.persona_update_unsupported(self.id)
         if update.extra_body:
-            self.check_extra_body(update.extra_body, frozenset())
+            check_extra_body(self, update.extra_body, frozenset())
         return current

@@ -43,6 +43,7 @@ class UpstreamLink(abc.ABC):
     def __init__(self, lease: Lease, settings: LinkSettings, sample_rate: int,
                  frame_size: int) -> None:
         self.lease = lease
+        self.label = lease.label  # the upstream URL as it may be logged
         self.settings = settings
         self.sample_rate = sample_rate
         self.frame_size = frame_size
@@ -61,10 +62,6 @@ class UpstreamLink(abc.ABC):
         self._held_frames = 0  # input frames inside the encoder, not yet in a payload
         self._first_input_at: float | None = None
         self.frames_in = 0
-
-    @property
-    def label(self) -> str:
-        return self.lease.label
 
     # -- protocol hooks ---------------------------------------------------------------------
 

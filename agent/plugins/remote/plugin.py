@@ -20,6 +20,7 @@ import numpy as np
 
 from ...log_safe import printable
 from ..base import (
+    check_extra_body,
     Capabilities,
     Plugin,
     PluginError,
@@ -154,7 +155,7 @@ class RemotePlugin(Plugin):
     async def validate_session_config(self, session_config: SessionConfig) -> None:
         # Only the engine can judge a voice or persona; opening a session here would hold an
         # engine seat for a call that may never come.
-        self.check_extra_body(session_config.extra_body, frozenset())
+        check_extra_body(self, session_config.extra_body, frozenset())
 
     def link_request(self, session_config: SessionConfig) -> LinkRequest:
         """What the engine is asked for: the caller's voice and instructions."""
