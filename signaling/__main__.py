@@ -12,7 +12,6 @@ import ssl
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 from aiohttp import web
 from aiohttp.web_runner import GracefulExit
@@ -31,6 +30,7 @@ from agent.rtc_tuning import limit_host_addresses, parse_codec_list
 from . import address_limit, auth, cors, drain, gc_tuning, ice, slow_clients, telephony
 from .plugin_flags import PluginFlagsParser, plugin_extra
 from .app import create_app
+from .serving import Listeners, serve
 from .supervisor import exit_for_listen_error, run_supervisor
 from .worker_routing import WorkerGroup
 
@@ -205,13 +205,6 @@ def plugin_options_from_args(args: argparse.Namespace) -> PluginOptions:
 
 def worker_count(args: argparse.Namespace) -> int:
     """How many workers to run: as asked, or one per core, where the plugin allows it."""
-    if args.tls_cert:
-        # aiohttp's unix-socket client speaks no TLS, and run_app puts the server's TLS on
-        # every socket it serves, the workers' private ones included: they could not forward.
-        if args.workers is not None and args.workers > 1:
-            log.warning("--tls-cert serves from one process: --workers %d is ignored (end TLS "
-                        "in front of the server to use several workers)", args.workers)
-        return 1
     if not plugin_class(args.plugin).runs_per_worker:
         if args.workers is not None and args.workers > 1:
             log.warning("plugin %s keeps every call in one process (one batched step serves "
@@ -279,21 +272,22 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     of_workers = "" if group is None else f" (worker {group.index} of {group.count})"
 
-    def listening(_: str) -> None:  # aiohttp calls this once the socket accepts connections
+    def listening() -> None:
         log.info("serving plugin %s on %s://%s:%d%s", plugin.id, scheme, args.host, args.port,
                  of_workers)
 
-    # A worker accepts on the supervisor's listening sockets, and on its own unix socket
-    # where the other workers forward what it owns.
-    where: dict[str, Any] = {"host": args.host, "port": args.port}
+    # A worker accepts on the supervisor's listening sockets (with the server's TLS), and on
+    # its own unix socket (without) where the other workers forward what it owns.
+    listeners = Listeners(args.host, args.port)
     if group is not None:
-        where = {"sock": [socket.socket(fileno=int(fd)) for fd in args.worker_fds.split(",")],
-                 "path": str(group.socket_path(group.index))}
+        listeners = Listeners(
+            args.host, args.port,
+            sockets=[socket.socket(fileno=int(fd)) for fd in args.worker_fds.split(",")],
+            private_path=str(group.socket_path(group.index)))
     try:
-        web.run_app(app, **where, ssl_context=ssl_context, print=listening,
-                    handle_signals=True,
-                    loop=slow_clients.guarded_event_loop(args.header_timeout,
-                                                        args.max_unauthenticated_per_address))
+        serve(app, listeners, ssl_context, on_listening=listening,
+              loop=slow_clients.guarded_event_loop(args.header_timeout,
+                                                  args.max_unauthenticated_per_address))
     except AgentError as exc:  # the plugin loads its model at start-up: bad dir, voice, ...
         exit_with_error(exc.code, exc.message, cause=exc)
     except OSError as exc:

@@ -206,8 +206,7 @@ def test_the_worker_count_follows_the_plugin() -> None:
     # A model held in the process keeps every call in one process, whatever is asked.
     assert worker_count(parse(["--plugin", "personaplex", "--workers", "4"])) == 1
     assert worker_count(parse(["--plugin", "moshi-server", "--workers", "4"])) == 1
-    # The workers' private sockets could not speak TLS to each other.
-    assert worker_count(parse(["--workers", "4", "--tls-cert", "c.pem", "--tls-key", "k.pem"])) == 1
+    assert worker_count(parse(["--workers", "4", "--tls-cert", "c.pem", "--tls-key", "k.pem"])) == 4
 
 
 async def test_a_full_worker_passes_a_new_call_to_one_with_room(tmp_path: Path) -> None:
@@ -263,3 +262,39 @@ async def test_the_whole_server_views_carry_cors_headers(tmp_path: Path) -> None
                 assert response.status == 200
                 assert response.headers.get("Access-Control-Allow-Origin") == origin, path
                 assert response.headers.get("Vary") == "Origin"
+
+
+async def test_workers_serve_tls_and_forward_among_themselves(tmp_path: Path) -> None:
+    """The shared port speaks the server's TLS; the workers' private sockets stay plain, so
+    a request about a call reaches its owner whichever worker accepted it."""
+    import ssl
+    from test_tls import self_signed
+    cert, key = self_signed(tmp_path)
+    folder = tmp_path / "workers"
+    async with running_server("--workers", "2", "--worker-dir", str(folder),
+                              "--tls-cert", str(cert), "--tls-key", str(key), scheme="https",
+                              ready="serving plugin echo on https://") as (process, url, _):
+        group = Workers(process, url, folder)
+        trusted = ssl.create_default_context(cafile=str(cert))
+        try:
+            async def both_up() -> bool:
+                async with aiohttp.ClientSession() as http:
+                    async with http.get(url + "/health", ssl=trusted) as response:
+                        workers = (await response.json())["workers"]
+                return [w.get("pid") is not None for w in workers] == [True, True]
+            await wait_for_async(both_up, 60)
+            call = await group.call_on(1)
+            landed = set()
+            for _ in range(8):  # a new connection each time: either worker may accept it
+                async with aiohttp.ClientSession() as http:
+                    async with http.get(url + call.location, ssl=trusted) as response:
+                        assert response.status == 200
+                        assert (await response.json())["id"] == call.call_id
+                    async with http.get(url + "/health", ssl=trusted) as response:
+                        landed.add(tuple(w["active_calls"] for w in (await response.json())["workers"]))
+            assert landed == {(0, 1)}
+            async with aiohttp.ClientSession() as http:
+                async with http.delete(url + call.location, ssl=trusted) as response:
+                    assert response.status == 200
+        finally:
+            await group.close()

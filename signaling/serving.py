@@ -1,0 +1,78 @@
+"""Run the app on its sockets until a signal stops it: aiohttp's `run_app`, with TLS per socket.
+
+`web.run_app` puts one TLS context on every socket it serves. A worker serves two kinds: the
+shared listening sockets (the server's TLS, if any) and its private unix socket, where the
+other workers forward what it owns with aiohttp's unix-socket client, which speaks no TLS.
+So the sites are made here, each with its own context, from aiohttp's public runner API; the
+loop's life (stop on GracefulExit or Ctrl-C, cancel what is left, close) is as in run_app.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import ssl
+from collections.abc import Callable, Sequence
+from contextlib import suppress
+from dataclasses import dataclass
+
+from aiohttp import web
+from aiohttp.web_runner import GracefulExit
+
+
+@dataclass(frozen=True)
+class Listeners:
+    """Where to serve: `host:port`, or already-bound sockets (a worker's share) plus a
+    private unix socket without TLS."""
+
+    host: str
+    port: int
+    sockets: Sequence[socket.socket] = ()
+    private_path: str | None = None
+
+    def sites(self, runner: web.AppRunner, tls: ssl.SSLContext | None) -> list[web.BaseSite]:
+        if not self.sockets:
+            return [web.TCPSite(runner, self.host, self.port, ssl_context=tls)]
+        sites: list[web.BaseSite] = [web.SockSite(runner, sock, ssl_context=tls)
+                                     for sock in self.sockets]
+        if self.private_path is not None:
+            sites.append(web.UnixSite(runner, self.private_path))
+        return sites
+
+
+async def _serve(app: web.Application, listeners: Listeners, tls: ssl.SSLContext | None,
+                 on_listening: Callable[[], None]) -> None:
+    runner = web.AppRunner(app, handle_signals=True)
+    await runner.setup()
+    try:
+        for site in listeners.sites(runner, tls):
+            await site.start()
+        on_listening()
+        await asyncio.Event().wait()  # until a signal's GracefulExit ends the loop
+    finally:
+        await runner.cleanup()
+
+
+def serve(app: web.Application, listeners: Listeners, tls: ssl.SSLContext | None,
+          loop: asyncio.AbstractEventLoop, on_listening: Callable[[], None]) -> None:
+    """Serve until SIGINT/SIGTERM (or GracefulExit); start-up errors propagate."""
+    main = loop.create_task(_serve(app, listeners, tls, on_listening))
+    try:
+        asyncio.set_event_loop(loop)
+        loop.run_until_complete(main)
+    except (GracefulExit, KeyboardInterrupt):
+        pass
+    finally:
+        try:
+            if not main.done():
+                main.cancel()
+                with suppress(asyncio.CancelledError):
+                    loop.run_until_complete(main)
+        finally:
+            left = [task for task in asyncio.all_tasks(loop) if not task.done()]
+            for task in left:
+                task.cancel()
+            loop.run_until_complete(asyncio.gather(*left, return_exceptions=True))
+            loop.run_until_complete(loop.shutdown_asyncgens())
+            loop.close()
+            asyncio.set_event_loop(None)
