@@ -82,18 +82,26 @@ class Supervisor:
         self.listeners = listeners
         self.workers: dict[int, subprocess.Popen[bytes]] = {}
         self.stopping = False
+        self.stop_signal = signal.SIGTERM
         self.status = 0
 
-    def spawn(self, index: int) -> subprocess.Popen[bytes]:
+    def command(self, index: int) -> list[str]:
         fds = [listener.fileno() for listener in self.listeners]
-        command = [sys.executable, "-m", "signaling", *self.argv,
-                   "--worker-index", str(index), "--worker-dir", str(self.folder),
-                   "--worker-fds", ",".join(map(str, fds))]
+        return [sys.executable, "-m", "signaling", *self.argv,
+                "--worker-index", str(index), "--worker-dir", str(self.folder),
+                "--worker-fds", ",".join(map(str, fds))]
+
+    def spawn(self, index: int) -> subprocess.Popen[bytes]:
         # Own session: a signal to the supervisor's process group (Ctrl-C, `timeout`) reaches
         # a worker once, through the supervisor, not twice (a second SIGTERM ends calls).
-        worker = subprocess.Popen(command, pass_fds=fds, preexec_fn=_die_with_parent,
-                                  start_new_session=True)
+        worker = subprocess.Popen(self.command(index),
+                                  pass_fds=[listener.fileno() for listener in self.listeners],
+                                  preexec_fn=_die_with_parent, start_new_session=True)
         self.workers[index] = worker
+        if self.stopping:
+            # The signal came while this one was being started, before it was in `workers`:
+            # it was passed on to the others only.
+            worker.send_signal(self.stop_signal)
         return worker
 
     def wait_ready(self, index: int) -> int | None:
@@ -121,6 +129,7 @@ class Supervisor:
 
     def on_signal(self, signum: int, _frame: object) -> None:
         self.stopping = True
+        self.stop_signal = signal.Signals(signum)
         self.signal_all(signum)
 
     def exit_status(self, worker_status: int) -> int:

@@ -231,10 +231,8 @@ def test_a_worker_stopped_while_still_starting_counts_as_drained(tmp_path: Path)
     from signaling.supervisor import Supervisor
 
     class StartingWorkers(Supervisor):
-        def spawn(self, index: int) -> subprocess.Popen[bytes]:
-            sleeper = [sys.executable, "-c", "import time; time.sleep(60)"]
-            self.workers[index] = subprocess.Popen(sleeper)
-            return self.workers[index]
+        def command(self, index: int) -> list[str]:
+            return [sys.executable, "-c", "import time; time.sleep(60)"]
 
         def wait_ready(self, index: int) -> int | None:
             return None
@@ -298,3 +296,80 @@ async def test_workers_serve_tls_and_forward_among_themselves(tmp_path: Path) ->
                     assert response.status == 200
         finally:
             await group.close()
+
+
+async def test_a_media_stream_on_a_full_worker_is_relayed_to_one_with_room(
+        tmp_path: Path) -> None:
+    import base64
+    import json
+    import numpy as np
+    from agent.telephony.g711 import mulaw_encode
+    stream = "/v1/telephony/media-stream"
+    async with two_workers(tmp_path / "workers", "--max-sessions", "2") as group:
+        await group.call_on(0)  # worker 0's one slot
+        socket = await group.via(0).ws_connect("http://worker" + stream)
+        sid = "MZ1"
+        await socket.send_str(json.dumps({"event": "connected", "protocol": "Call"}))
+        await socket.send_str(json.dumps({"event": "start", "streamSid": sid, "start": {
+            "streamSid": sid, "mediaFormat": {"encoding": "audio/x-mulaw",
+                                              "sampleRate": 8000, "channels": 1}}}))
+        tone = (np.sin(2 * np.pi * 440 * np.arange(160) / 8000) * 8000).astype(np.int16)
+        payload = base64.b64encode(mulaw_encode(tone)).decode()
+        received = 0
+
+        async def read() -> None:
+            nonlocal received
+            async for message in socket:
+                if json.loads(message.data).get("event") == "media":
+                    received += 1
+        reader = asyncio.ensure_future(read())
+        for chunk in range(75):  # 1.5 s in real time
+            await socket.send_str(json.dumps({"event": "media", "streamSid": sid,
+                                              "media": {"payload": payload}}))
+            await asyncio.sleep(0.02)
+        health = await group.health()
+        assert [w["legs"].get("media-stream", 0) for w in health["workers"]] == [0, 1]
+        assert received >= 40, received  # the agent's audio comes back through the relay
+        # Every worker full now: refused before the upgrade, as a single server would.
+        with pytest.raises(aiohttp.WSServerHandshakeError) as refused:
+            await group.via(0).ws_connect("http://worker" + stream)
+        assert refused.value.status == 503
+        await socket.send_str(json.dumps({"event": "stop", "streamSid": sid}))
+        await asyncio.wait_for(reader, 10)  # the worker's close reaches the caller
+        assert socket.closed
+
+        async def freed() -> bool:
+            return (await group.health())["legs"].get("media-stream", 0) == 0
+        await wait_for_async(freed, 10)
+
+
+def test_a_signal_that_comes_while_a_worker_is_being_started_reaches_it(
+        tmp_path: Path) -> None:
+    import sys
+    from signaling.supervisor import Supervisor
+
+    class SignalledDuringSpawn(Supervisor):
+        def command(self, index: int) -> list[str]:
+            if index == 1:  # SIGTERM lands while worker 1 is being started
+                self.on_signal(signal.SIGTERM, None)
+            return [sys.executable, "-c", "import time; time.sleep(3)"]
+
+        def wait_ready(self, index: int) -> int | None:
+            return None
+
+    supervisor = SignalledDuringSpawn([], 2, tmp_path, [])
+    handlers = {signum: signal.getsignal(signum) for signum in (signal.SIGTERM, signal.SIGINT)}
+    started = []
+    original_spawn = supervisor.spawn
+
+    def spawn(index: int):  # type: ignore[no-untyped-def]
+        started.append(original_spawn(index))
+        return started[-1]
+    supervisor.spawn = spawn  # type: ignore[method-assign]
+    try:
+        assert supervisor.run() == 0
+    finally:
+        for signum, handler in handlers.items():
+            signal.signal(signum, handler)
+    # Both were stopped by the signal, not left to run to their end (exit 0 after 3 s).
+    assert [worker.returncode for worker in started] == [-signal.SIGTERM] * 2
