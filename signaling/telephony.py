@@ -51,6 +51,10 @@ class TelephonyConfig:
 
 
 TELEPHONY_KEY = web.AppKey("telephony", TelephonyConfig)
+# Set where several workers serve: carries a websocket this full worker cannot take to one
+# that can (signaling/worker_relay.py); None when all are full.
+Overflow = Callable[[web.Request, int], Awaitable["web.WebSocketResponse | None"]]
+OVERFLOW_KEY = web.AppKey("media_stream_overflow", Overflow)
 
 
 # -- auth seam: a query-string token becomes the Bearer header the auth middleware reads ----
@@ -92,6 +96,11 @@ async def media_stream(request: web.Request) -> web.StreamResponse:
     async def close_socket(code: int, message: str) -> None:
         await socket.close(code=code, message=message.encode("utf-8")[:120])
 
+    overflow = request.app.get(OVERFLOW_KEY)
+    if overflow is not None and not agent.draining and not agent.has_room:
+        relayed = await overflow(request, MAX_WS_MESSAGE_BYTES)
+        if relayed is not None:
+            return relayed
     with agent.admit():  # a full server answers 503 before the upgrade
         await socket.prepare(request)
         session = MediaStreamSession(agent, socket.send_str, close_socket)

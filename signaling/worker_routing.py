@@ -86,7 +86,7 @@ def _session(app: web.Application, index: int) -> aiohttp.ClientSession:
     return session
 
 
-def _request_headers(request: web.Request) -> CIMultiDict[str]:
+def forwarded_headers(request: web.Request) -> CIMultiDict[str]:
     headers = CIMultiDict((name, value) for name, value in request.headers.items()
                           if name.lower() not in HOP_HEADERS)
     headers[FORWARDED_HEADER] = "1"
@@ -97,7 +97,7 @@ async def ask(request: web.Request, index: int, body: Any = None
               ) -> tuple[int, CIMultiDict[str], bytes]:
     """Send `request` (or its `body`) to worker `index`; its status, headers and body."""
     async with _session(request.app, index).request(
-        request.method, f"http://worker{request.path_qs}", headers=_request_headers(request),
+        request.method, f"http://worker{request.path_qs}", headers=forwarded_headers(request),
         data=body, allow_redirects=False,
     ) as response:
         headers = CIMultiDict((name, value) for name, value in response.headers.items()

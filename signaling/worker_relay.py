@@ -1,0 +1,102 @@
+"""With several workers: a media-stream websocket that lands on a full worker is carried to
+one with room.
+
+A new call over HTTP is simply re-posted to another worker (worker_routing.place_elsewhere);
+a websocket cannot be handed over, so the accepting worker opens the same websocket on the
+next worker with room (over its private unix socket) and relays every message both ways
+until either side closes, passing the close code on. Only a full worker relays, and only
+after the caller's credential passed here (API keys are the same on every worker).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import aiohttp
+from aiohttp import WSMsgType, web
+
+from .telephony import OVERFLOW_KEY
+from .worker_routing import FORWARDED_HEADER, WORKERS_KEY, forwarded_headers
+
+log = logging.getLogger(__name__)
+
+# No total: the socket lives as long as the call. Connecting to a local socket is quick.
+RELAY_TIMEOUT = aiohttp.ClientTimeout(total=None, sock_connect=2, connect=10)
+FULL = 503
+
+
+async def relay_media_stream(request: web.Request, max_msg_size: int
+                             ) -> web.WebSocketResponse | None:
+    """Carry this websocket to another worker with room; None when every one is full."""
+    if request.headers.get(FORWARDED_HEADER):
+        return None  # already relayed here by a full worker: never pass it round again
+    group = request.app[WORKERS_KEY]
+    for step in range(1, group.count):
+        index = (group.index + step) % group.count
+        connector = aiohttp.UnixConnector(path=str(group.socket_path(index)))
+        session = aiohttp.ClientSession(connector=connector, timeout=RELAY_TIMEOUT)
+        try:
+            upstream = await session.ws_connect(
+                f"http://worker{request.path_qs}", headers=_upgrade_headers(request),
+                max_msg_size=max_msg_size, autoping=True)
+        except aiohttp.WSServerHandshakeError as exc:
+            await session.close()
+            if exc.status == FULL:
+                continue
+            raise web.HTTPBadGateway() from exc  # it took the credential here; not there
+        except (aiohttp.ClientError, OSError, asyncio.TimeoutError):
+            await session.close()
+            continue
+        try:
+            return await _relay(request, upstream, max_msg_size)
+        finally:
+            await upstream.close()
+            await session.close()
+    return None
+
+
+def _upgrade_headers(request: web.Request) -> dict[str, str]:
+    # The client's own handshake keys belong to its socket with this worker.
+    return {name: value for name, value in forwarded_headers(request).items()
+            if not name.lower().startswith("sec-websocket")}
+
+
+async def _relay(request: web.Request, upstream: aiohttp.ClientWebSocketResponse,
+                 max_msg_size: int) -> web.WebSocketResponse:
+    caller = web.WebSocketResponse(max_msg_size=max_msg_size, compress=False)
+    await caller.prepare(request)
+    log.info("media stream from %s relayed to another worker (this one is full)",
+             request.remote)
+    to_worker = asyncio.ensure_future(_pump(caller, upstream))
+    to_caller = asyncio.ensure_future(_pump(upstream, caller))
+    try:
+        done, _ = await asyncio.wait({to_worker, to_caller}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in (to_worker, to_caller):
+            task.cancel()
+        await asyncio.gather(to_worker, to_caller, return_exceptions=True)
+    if to_caller in done and not to_caller.cancelled() and to_caller.exception() is None:
+        code, reason = to_caller.result()  # the worker ended the stream: say why, as it did
+        await caller.close(code=code, message=reason.encode("utf-8")[:120])
+    return caller
+
+
+async def _pump(source: web.WebSocketResponse | aiohttp.ClientWebSocketResponse,
+                sink: web.WebSocketResponse | aiohttp.ClientWebSocketResponse
+                ) -> tuple[int, str]:
+    """Copy messages until `source` closes; its close code and reason."""
+    while True:
+        message = await source.receive()
+        if message.type == WSMsgType.TEXT:
+            await sink.send_str(message.data)
+        elif message.type == WSMsgType.BINARY:
+            await sink.send_bytes(message.data)
+        elif message.type == WSMsgType.CLOSE:
+            return int(message.data or 1000), str(message.extra or "")
+        elif message.type in (WSMsgType.CLOSING, WSMsgType.CLOSED, WSMsgType.ERROR):
+            return source.close_code or 1000, ""
+
+
+def install(app: web.Application) -> None:
+    app[OVERFLOW_KEY] = relay_media_stream
