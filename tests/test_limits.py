@@ -14,9 +14,19 @@ from agent.testing.peer import PEER_RATE
 from agent.testing.testsignal import measure_echo
 from realtime_fixtures import CALLS, RealtimeClient, offer_sdp_once, realtime_clients  # noqa: F401
 from signaling.auth import AuthSettings
-from support import AgentFactory, all_freed, wait_until
+from support import AgentFactory, RunningAgent, all_freed, wait_until
 
 KEY = "sk-limits"
+
+
+async def one_call(start_agent: AgentFactory, realtime_clients: list[RealtimeClient],
+                   call: CallSettings) -> tuple[RunningAgent, RealtimeClient]:
+    """A one-slot agent with these call settings, and a caller connected to it."""
+    running = await start_agent(settings=AgentSettings(max_calls=1, call=call))
+    client = RealtimeClient(running.url)
+    realtime_clients.append(client)
+    await client.call()
+    return running, client
 
 
 async def test_full_server_refuses_with_retry_after_while_calls_keep_real_time(
@@ -71,11 +81,8 @@ async def test_full_server_refuses_with_retry_after_while_calls_keep_real_time(
 async def test_max_call_seconds_ends_the_call_with_an_event(
     start_agent: AgentFactory, realtime_clients: list[RealtimeClient]
 ) -> None:
-    running = await start_agent(settings=AgentSettings(
-        max_calls=1, call=CallSettings(max_call_seconds=1.0)))
-    client = RealtimeClient(running.url)
-    realtime_clients.append(client)
-    await client.call()
+    running, client = await one_call(start_agent, realtime_clients,
+                                     CallSettings(max_call_seconds=1.0))
     await client.wait_event("session.created")
     expired = await client.wait_event("error", timeout=10)
     assert expired["error"]["code"] == "session_expired"
@@ -110,10 +117,7 @@ async def test_unconnected_call_times_out_and_frees_its_slot(start_agent: AgentF
 async def test_caller_closing_its_peer_frees_the_slot(
     start_agent: AgentFactory, realtime_clients: list[RealtimeClient]
 ) -> None:
-    running = await start_agent(settings=AgentSettings(max_calls=1))
-    client = RealtimeClient(running.url)
-    realtime_clients.append(client)
-    await client.call()
+    running, client = await one_call(start_agent, realtime_clients, CallSettings())
     await client.wait_audio(0.3)
     closed_at = time.monotonic()
     await client.close()  # a browser tab closing: DTLS close, no HTTP request
@@ -125,11 +129,8 @@ async def test_caller_closing_its_peer_frees_the_slot(
 async def test_caller_whose_audio_stops_is_ended_by_the_idle_timeout(
     start_agent: AgentFactory, realtime_clients: list[RealtimeClient]
 ) -> None:
-    running = await start_agent(settings=AgentSettings(
-        max_calls=1, call=CallSettings(idle_timeout=1.0)))
-    client = RealtimeClient(running.url)
-    realtime_clients.append(client)
-    await client.call()
+    running, client = await one_call(start_agent, realtime_clients,
+                                     CallSettings(idle_timeout=1.0))
     await client.wait_audio(0.3)
     call = running.agent.calls[client.call_id]
     # A vanished caller: its connection stays up but no more audio arrives.

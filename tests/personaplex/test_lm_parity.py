@@ -122,6 +122,15 @@ def test_greedy_tokens_match_reference_lmgen(tmp_path: Path, config: dict[str, A
     assert len(torch.unique(stacked[:, :, 1:])) > 10
 
 
+def assert_same_tokens(expected: list[Any], got: list[Any]) -> None:
+    """Frame by frame: no output where the reference has none, else the same tokens."""
+    assert len(expected) == len(got)
+    for e, g in zip(expected, got):
+        assert (e is None) == (g is None)
+        if e is not None:
+            assert torch.equal(g, e)
+
+
 def test_bf16_checkpoint_computes_in_float32(tmp_path: Path) -> None:
     """Weights stored in bf16 (as released) load and compute in the requested dtype."""
     reference = write_checkpoint(tmp_path / "ckpt", TINY, seed=3, dtype=torch.bfloat16)
@@ -130,10 +139,7 @@ def test_bf16_checkpoint_computes_in_float32(tmp_path: Path) -> None:
     user_codes = torch.randint(0, TINY["card"], (1, 8, 20), generator=torch.Generator().manual_seed(4))
     expected = run_reference(reference, user_codes)
     got = run_ours(LMStepper(ours, 1), user_codes)
-    for e, g in zip(expected, got):
-        assert (e is None) == (g is None)
-        if e is not None:
-            assert torch.equal(g, e)
+    assert_same_tokens(expected, got)
 
 
 def _personaplex_state(tmp_path: Path) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
@@ -165,10 +171,7 @@ def test_personaplex_layout_generates_like_reference_agent_depformer(tmp_path: P
     user_codes = torch.randint(0, config["card"], (1, 8, 30), generator=torch.Generator().manual_seed(6))
     expected = run_reference(reference, user_codes)
     got = run_ours(LMStepper(ours, 1), user_codes)
-    for e, g in zip(expected, got):
-        assert (e is None) == (g is None)
-        if e is not None:
-            assert torch.equal(g, e)
+    assert_same_tokens(expected, got)
 
 
 def test_personaplex_8_step_depformer_checkpoint_is_filled(tmp_path: Path) -> None:

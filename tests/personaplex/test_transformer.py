@@ -65,13 +65,20 @@ def _roundtrip(reference: torch.nn.Module, ours: torch.nn.Module, tmp_path: Path
     assert not result.missing_keys and not result.unexpected_keys
 
 
-def _build_projected(tmp_path: Path, config: dict) -> tuple[torch.nn.Module, ProjectedTransformer]:
+def _build_pair(tmp_path: Path, name: str, config: dict, seed: int
+                ) -> tuple[torch.nn.Module, torch.nn.Module]:
+    """The reference's module class `name` with random weights, and ours loaded from them."""
     torch.manual_seed(0)
-    reference = ref_transformer.ProjectedTransformer(**config).eval()
-    _randomize(reference, 1)
-    ours = ProjectedTransformer(**config).eval()
+    reference = getattr(ref_transformer, name)(**config).eval()
+    _randomize(reference, seed)
+    ours = {"ProjectedTransformer": ProjectedTransformer,
+            "StreamingTransformer": StreamingTransformer}[name](**config).eval()
     _roundtrip(reference, ours, tmp_path)
     return reference, ours
+
+
+def _build_projected(tmp_path: Path, config: dict) -> tuple[torch.nn.Module, torch.nn.Module]:
+    return _build_pair(tmp_path, "ProjectedTransformer", config, 1)
 
 
 def test_mimi_style_full_sequence_matches(tmp_path: Path) -> None:
@@ -99,33 +106,24 @@ def test_mimi_style_streaming_matches_with_ring_wrap(tmp_path: Path) -> None:
                 torch.testing.assert_close(g, e, atol=1e-5, rtol=1e-5)
 
 
-def _build_lm_style(tmp_path: Path, **overrides: object) -> tuple[torch.nn.Module, StreamingTransformer]:
-    config = {**LM_STYLE, **overrides}
-    torch.manual_seed(0)
-    reference = ref_transformer.StreamingTransformer(**config).eval()
-    _randomize(reference, 2)
-    ours = StreamingTransformer(**config).eval()
-    _roundtrip(reference, ours, tmp_path)
-    return reference, ours
+def _build_lm_style(tmp_path: Path, **overrides: object
+                    ) -> tuple[torch.nn.Module, torch.nn.Module]:
+    return _build_pair(tmp_path, "StreamingTransformer", {**LM_STYLE, **overrides}, 2)
 
 
-def test_lm_style_streaming_matches_over_ring_wrap(tmp_path: Path) -> None:
-    """RMSNorm f32, gated SiLU, RoPE; context 8 over 30 frames (the oldest frames slide out)."""
-    reference, ours = _build_lm_style(tmp_path)
-    x = torch.randn(3, 30, 48)
-    streaming.start_streaming(ours, 3)
-    with torch.no_grad(), reference.streaming(3):
-        for t in range(30):
-            torch.testing.assert_close(ours(x[:, t : t + 1]), reference(x[:, t : t + 1]), atol=1e-5, rtol=1e-5)
-
-
-def test_lm_style_kv_repeat_matches(tmp_path: Path) -> None:
-    reference, ours = _build_lm_style(tmp_path, kv_repeat=2, norm="rms_norm", gating="gelu")
-    x = torch.randn(2, 12, 48)
-    streaming.start_streaming(ours, 2)
-    with torch.no_grad(), reference.streaming(2):
-        for t in range(12):
-            torch.testing.assert_close(ours(x[:, t : t + 1]), reference(x[:, t : t + 1]), atol=1e-5, rtol=1e-5)
+@pytest.mark.parametrize("overrides, batch, frames", [
+    ({}, 3, 30),  # RMSNorm f32, gated SiLU, RoPE; context 8 over 30 frames (a ring wrap)
+    ({"kv_repeat": 2, "norm": "rms_norm", "gating": "gelu"}, 2, 12),  # shared KV heads
+])
+def test_lm_style_streaming_matches(tmp_path: Path, overrides: dict, batch: int,
+                                    frames: int) -> None:
+    reference, ours = _build_lm_style(tmp_path, **overrides)
+    x = torch.randn(batch, frames, 48)
+    streaming.start_streaming(ours, batch)
+    with torch.no_grad(), reference.streaming(batch):
+        for t in range(frames):
+            torch.testing.assert_close(ours(x[:, t : t + 1]), reference(x[:, t : t + 1]),
+                                       atol=1e-5, rtol=1e-5)
 
 
 def test_context_really_limits_attention(tmp_path: Path) -> None:

@@ -93,6 +93,9 @@ class Bridge:
             },
         })
 
+    async def mark(self, name: str) -> None:
+        await self.send({"event": "mark", "streamSid": self.stream_sid, "mark": {"name": name}})
+
     def media_event(self, payload: bytes, chunk: int) -> dict[str, Any]:
         return {
             "event": "media", "sequenceNumber": str(chunk + 2), "streamSid": self.stream_sid,
@@ -216,16 +219,22 @@ async def _stream_silence(bridge: Bridge, seconds: float) -> None:
     await bridge.stream(mulaw_encode(np.zeros(int(seconds * 8000), np.int16)))
 
 
+async def bridge_hearing_the_burst(http: aiohttp.ClientSession, running: RunningAgent,
+                                   seconds: float) -> tuple[Bridge, asyncio.Future[None]]:
+    """A bridge streaming `seconds` of silence (the sending task), once the tone arrives."""
+    bridge = await connect(http, running)
+    await bridge.open()
+    sender = asyncio.ensure_future(_stream_silence(bridge, seconds))
+    await wait_until(lambda: any(bridge.loud_chunks()))
+    return bridge, sender
+
+
 async def test_marks_come_back_in_order_after_their_audio(start_agent: AgentFactory) -> None:
     running = await start_agent(BurstPlugin())
     async with aiohttp.ClientSession() as http:
-        bridge = await connect(http, running)
-        await bridge.open()
-        sender = asyncio.ensure_future(_stream_silence(bridge, 3.0))
-        await wait_until(lambda: any(bridge.loud_chunks()))
+        bridge, sender = await bridge_hearing_the_burst(http, running, 3.0)
         for name in ("first", "second", "third"):
-            await bridge.send({"event": "mark", "streamSid": bridge.stream_sid,
-                               "mark": {"name": name}})
+            await bridge.mark(name)
         await sender
         await wait_until(lambda: len(bridge.marks) == 3)
         await bridge.socket.close()
@@ -243,12 +252,8 @@ async def test_marks_come_back_in_order_after_their_audio(start_agent: AgentFact
 async def test_clear_drops_queued_agent_audio_and_releases_marks(start_agent: AgentFactory) -> None:
     running = await start_agent(BurstPlugin())
     async with aiohttp.ClientSession() as http:
-        bridge = await connect(http, running)
-        await bridge.open()
-        sender = asyncio.ensure_future(_stream_silence(bridge, 2.5))
-        await wait_until(lambda: any(bridge.loud_chunks()))
-        await bridge.send({"event": "mark", "streamSid": bridge.stream_sid,
-                           "mark": {"name": "before-clear"}})
+        bridge, sender = await bridge_hearing_the_burst(http, running, 2.5)
+        await bridge.mark("before-clear")
         await bridge.send({"event": "clear", "streamSid": bridge.stream_sid})
         await wait_until(lambda: len(bridge.marks) == 1)
         (session,) = running.agent.sessions.values()
