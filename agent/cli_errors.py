@@ -11,18 +11,18 @@ import logging
 import sys
 from typing import NoReturn
 
+from .errors import AgentError
+
 EXIT_USAGE = 2
 
 log = logging.getLogger("agent.cli")
 
 
-class CliError(Exception):
+class CliError(AgentError):
     """A start-up or usage mistake that ends the program with one line, no traceback."""
 
     def __init__(self, code: str, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
+        super().__init__(code, message)
 
 
 def format_cli_error(code: str, message: str) -> str:

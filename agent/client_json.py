@@ -16,8 +16,11 @@ from .errors import AgentError
 MAX_DEPTH = 32
 
 
-class ClientJsonError(ValueError):
+class ClientJsonError(AgentError, ValueError):
     """Not JSON, or nested too deeply; the message is safe to show the client."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__("invalid_json", message)
 
 
 def depth_exceeds(value: Any, limit: int = MAX_DEPTH) -> bool:

@@ -25,6 +25,8 @@ from typing import Any
 from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
 
+from agent.errors import AgentError
+
 from .address_limit import gated_protocol_factory
 from .errors import json_error
 
@@ -101,8 +103,11 @@ def guarded_event_loop(header_timeout: float,
 # -- body deadline ----------------------------------------------------------------------------
 
 
-class BodyTimeout(Exception):
+class BodyTimeout(AgentError):
     """Set on a request's payload stream when its body did not arrive in time."""
+
+    def __init__(self) -> None:
+        super().__init__("body_timeout", "the request body did not arrive in time", status=408)
 
 
 BODY_TIMEOUT_KEY = web.AppKey("body_timeout", float)

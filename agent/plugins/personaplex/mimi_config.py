@@ -25,6 +25,7 @@ import torch
 from safetensors import safe_open
 
 from .conv import fold_weight_norm
+from ...errors import AgentError
 from .mimi import MimiModel
 from .quantizer import SplitResidualVectorQuantizer, rename_legacy_codebook_keys
 from .seanet import SEANetDecoder, SEANetEncoder
@@ -87,8 +88,11 @@ STANDARD_MIMI: dict[str, Any] = {
 DEFAULT_NUM_CODEBOOKS = 8
 
 
-class MimiConfigError(ValueError):
+class MimiConfigError(AgentError, ValueError):
     """The Mimi architecture description cannot be served."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__("mimi_config_invalid", message, status=500)
 
 
 @dataclass(frozen=True)

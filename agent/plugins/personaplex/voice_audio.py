@@ -21,14 +21,18 @@ import sphn
 import torch
 from torch import nn
 
+from ...errors import AgentError
 from . import streaming
 
 TARGET_LUFS = -24.0
 MAX_VOICE_SECONDS = 60.0  # the released voice prompts are a few seconds long
 
 
-class VoiceAudioError(ValueError):
+class VoiceAudioError(AgentError, ValueError):
     """A voice recording that cannot be used; the message names the file and why."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__("invalid_voice_audio", message)
 
 
 class UploadedVoices:
