@@ -121,7 +121,8 @@ class WebRtcLeg(Leg):
             extra.direction = "inactive"
         rtc_tuning.set_audio_jitter_prefetch(main.receiver, settings.jitter_prefetch_packets)
         if settings.inline_decoding:
-            self.inbound_decoding = rtc_tuning.decode_audio_inline(main.receiver)
+            self.inbound_decoding = rtc_tuning.decode_audio_inline(main.receiver,
+                                                                   self.capabilities.channels)
         main.direction = "sendrecv"
         main.sender.replaceTrack(self.track)
         codec = rtc_tuning.negotiated_codecs(main)[0]

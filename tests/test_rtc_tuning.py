@@ -160,3 +160,47 @@ def test_codec_restriction_falls_back_to_aiortc_when_its_codec_list_is_gone() ->
 
     assert restrict_codecs(Renamed(), ["opus"]) == ["opus"]  # type: ignore[arg-type]
     assert negotiated_codecs(Renamed()) == []  # type: ignore[arg-type]
+
+
+def test_mono_opus_decoding_is_the_mean_of_aiortcs_stereo_decoding() -> None:
+    """A mono plugin gets Opus decoded to one channel by libopus: the same samples as the
+    mean of the two channels aiortc's decoder gives (a voice in stereo keeps its level)."""
+    import numpy as np
+    from aiortc.codecs import get_decoder
+    from aiortc.codecs.opus import OpusEncoder
+    from aiortc.jitterbuffer import JitterFrame
+    from aiortc.rtcrtpparameters import RTCRtpCodecParameters
+    from fractions import Fraction
+
+    import av
+    from agent.rtc_tuning import MonoOpusDecoder
+
+    rate = 48000
+    t = np.arange(rate) / rate
+    left = np.sin(2 * np.pi * 300 * t) * 8000
+    right = np.sin(2 * np.pi * 700 * t) * 4000  # the channels differ: a real downmix
+    interleaved = np.stack([left, right], 1).astype(np.int16).reshape(1, -1)
+    encoder = OpusEncoder()
+    payloads: list[bytes] = []
+    for start in range(0, rate - 960, 960):
+        frame = av.AudioFrame.from_ndarray(
+            np.ascontiguousarray(interleaved[:, 2 * start:2 * (start + 960)]),
+            format="s16", layout="stereo")
+        frame.sample_rate = rate
+        frame.pts = start
+        frame.time_base = Fraction(1, rate)
+        payloads += encoder.encode(frame)[0]
+    stereo = get_decoder(RTCRtpCodecParameters(mimeType="audio/opus", clockRate=48000,
+                                               channels=2))
+    mono = MonoOpusDecoder()
+    averaged, downmixed = [], []
+    for index, payload in enumerate(payloads):
+        for frame in stereo.decode(JitterFrame(payload, index * 960)):
+            averaged.append(frame.to_ndarray().reshape(-1, 2).astype(np.float64).mean(axis=1))
+        for frame in mono.decode(JitterFrame(payload, index * 960)):
+            assert frame.layout.name == "mono" and frame.sample_rate == rate
+            downmixed.append(frame.to_ndarray().reshape(-1).astype(np.float64))
+    a, b = np.concatenate(averaged), np.concatenate(downmixed)
+    assert len(a) == len(b) > rate // 2
+    assert np.sqrt(np.mean(a ** 2)) > 2000
+    assert np.max(np.abs(a - b)) <= 1.0  # rounding of the mean only

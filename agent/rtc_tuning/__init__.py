@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from fractions import Fraction
 from typing import Any
 
 import av
@@ -91,6 +92,35 @@ def parse_codec_list(text: str) -> tuple[str, ...]:
     return tuple(names)
 
 
+def is_opus(codec: RTCRtpCodecParameters) -> bool:
+    return codec.mimeType.lower() == "audio/opus"
+
+
+class MonoOpusDecoder:
+    """Opus to one channel at 48 kHz, for a mono plugin.
+
+    libopus's own downmix of a stereo stream is the mean of its two channels (what the
+    resampler's input would otherwise be averaged to), and decoding one channel costs about
+    60 % of decoding two (51 vs 83 µs per 20 ms here), before the resampler also gets half
+    the samples.
+    """
+
+    RATE = 48000
+
+    def __init__(self) -> None:
+        self.codec = av.CodecContext.create("libopus", "r")
+        self.codec.format = "s16"
+        self.codec.layout = "mono"
+        self.codec.sample_rate = self.RATE
+        self.time_base = Fraction(1, self.RATE)
+
+    def decode(self, encoded_frame: JitterFrame) -> list[av.AudioFrame]:
+        packet = av.Packet(encoded_frame.data)
+        packet.pts = encoded_frame.timestamp
+        packet.time_base = self.time_base
+        return list(self.codec.decode(packet))
+
+
 class InlineAudioDecoding:
     """Stands in for aiortc's per-receiver decoder queue: decodes on the event loop.
 
@@ -100,8 +130,9 @@ class InlineAudioDecoding:
     but just waits here until the receiver stops, then ends the track as usual.
     """
 
-    def __init__(self, receiver: RTCRtpReceiver) -> None:
+    def __init__(self, receiver: RTCRtpReceiver, channels: int = 2) -> None:
         self._receiver = receiver
+        self._channels = channels
         self._decoder: Any = None
         self._codec_name: str | None = None
         self._stopped = threading.Event()
@@ -113,7 +144,8 @@ class InlineAudioDecoding:
             return
         codec, encoded_frame = item
         if codec.name != self._codec_name:
-            self._decoder = get_decoder(codec)
+            self._decoder = (MonoOpusDecoder() if self._channels == 1 and is_opus(codec)
+                             else get_decoder(codec))
             self._codec_name = codec.name
         try:
             frames = self._decoder.decode(encoded_frame)
@@ -129,14 +161,16 @@ class InlineAudioDecoding:
         return None
 
 
-def decode_audio_inline(receiver: RTCRtpReceiver) -> InlineAudioDecoding | None:
+def decode_audio_inline(receiver: RTCRtpReceiver, channels: int = 2
+                        ) -> InlineAudioDecoding | None:
     """Install `InlineAudioDecoding` on a receiver that has not started yet (None: aiortc's
-    internals changed and decoding stays on its thread)."""
+    internals changed and decoding stays on its thread). With `channels=1` Opus is decoded
+    to mono by libopus itself."""
     attribute = "_RTCRtpReceiver__decoder_queue"
     if not hasattr(receiver, attribute) or getattr(receiver, "_track", None) is None:
         log.warning("aiortc internals changed: decoding stays on aiortc's thread")
         return None
-    decoding = InlineAudioDecoding(receiver)
+    decoding = InlineAudioDecoding(receiver, channels)
     setattr(receiver, attribute, decoding)
     return decoding
 
