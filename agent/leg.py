@@ -26,6 +26,7 @@ from .call_settings import CallSettings
 from .errors import AgentError
 from .events import error_event, error_event_from
 from .framing import FrameAssembler
+from .pacer import Pacer
 from .playout import PlayoutBuffer
 from .plugins.base import Plugin, PluginError, RuntimeConfig, SessionConfig, StepOutput
 from .recording import CallRecorder, recorder_for, take_record_option
@@ -91,6 +92,7 @@ class Leg:
         self.watchdog = Watchdog(settings)
         self.end_reason: str | None = None
         self.queued_samples = 0  # agent samples ever put in the playout buffer
+        self.pacer: Pacer | None = None  # the transport's outbound pacing, where it has one
         self.closed = asyncio.Event()
         self.tasks = TaskOwner(leg_id)  # cancelled when the leg closes
         self.closing = False
@@ -250,6 +252,7 @@ def media_counts(leg: Leg) -> dict[str, int]:
         "packets": packets,
         "bytes": payload_bytes,
         "underruns": leg.playout.underrun_chunks,
+        "late_packets": leg.pacer.late_sends if leg.pacer is not None else 0,
         "trimmed_samples": leg.playout.trimmed_samples,
         "fifo_trimmed_samples": (inbound.dropped_backlog_samples
                                  + inbound.dropped_overflow_samples) if inbound else 0,

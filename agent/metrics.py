@@ -141,6 +141,8 @@ class _LiveState(Collector):
             ("bytes", "agent_outbound_bytes", "Outbound encoded audio payload bytes."),
             ("underruns", "agent_playout_underruns", "20 ms chunks sent as silence because "
              "the agent had no audio ready."),
+            ("late_packets", "agent_outbound_late_packets", "Outbound packets sent more than "
+             "60 ms after the one before (the receiver hears a hole in the audio)."),
             ("fifo_trimmed_samples", "agent_caller_fifo_trimmed_samples", "Caller samples "
              "the inbound FIFO dropped to bound its delay (backlog or overflow)."),
         ):

@@ -55,6 +55,7 @@ class WebRtcLeg(Leg):
         super().__init__(call_id, plugin, ticker, settings, registry)
         self.pc = pc
         self.track = AgentAudioTrack(self.playout, self.capabilities.sample_rate)
+        self.pacer = self.track.pacer
         self.realtime = RealtimeProtocol(self)
         self.inbound_decoding: InlineAudioDecoding | None = None  # None: aiortc decodes
         self.codec: str | None = None

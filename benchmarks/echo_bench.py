@@ -199,6 +199,16 @@ def lag_buckets(url: str, name: str = "agent_event_loop_lag_seconds",
     return buckets
 
 
+def counter_total(url: str, name: str) -> float:
+    """One of the agent's counters from its /metrics, summed over its labels."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(url + "/metrics", timeout=10) as response:
+        text = response.read().decode()
+    return sum(sample.value for family in text_string_to_metric_families(text)
+               for sample in family.samples if sample.name == name + "_total")
+
+
 def level_quantiles(before: dict[float, float], after: dict[float, float],
                     fractions: tuple[float, ...]) -> tuple[float, list[str]]:
     """How many observations a histogram gained during a level, and the bucket bound (ms)
@@ -228,6 +238,17 @@ def lag_quantiles(before: dict[float, float], after: dict[float, float]) -> str:
     return " / ".join(f"<={b}" for b in bounds) if total > 0 else "-"
 
 
+def failure_cause(busy: float, holes_sent: float | None) -> str:
+    """Why a level failed: the server ran out of CPU, or audio came late; and for the agent,
+    whether the server itself left the holes (its pacer's count of packets sent > 60 ms after
+    the one before) or they opened after it (the callers' process, the network stack)."""
+    if busy >= 0.95:
+        return "throughput"
+    if holes_sent is None:
+        return "timing"
+    return "timing (server sent late)" if holes_sent > 0 else "timing (after the server)"
+
+
 def calibration() -> float:
     """The frame-cost calibration (ms per 80 ms frame per call, one call): how fast this
     machine is right now, printed beside every capacity figure."""
@@ -243,7 +264,10 @@ def bench_capacity(codecs: list[str], levels: list[int], seconds: float) -> None
           "during the level (bucket bounds, ms); full GC passes: the agent's generation-2 "
           "collections during the level (every thread stops for them). Server CPU: its "
           "core's share while every call was live (the whole level's average in brackets). "
-          "A failing level is `throughput` when that share was >= 95 %, else `timing`.\n")
+          "A failing level is `throughput` when that share was >= 95 %, else `timing`. "
+          "Holes sent: the agent's packets released > 60 ms after the one before (its "
+          "`agent_outbound_late_packets`); a timing failure with none opened after the "
+          "server.\n")
     print("| server | codec | calls | result | server CPU live (avg) | loop lag p50 / p99 / max ms "
           "| full GC passes (longest) | detail |")
     print("|---|---|---|---|---|---|---|---|")
@@ -260,6 +284,8 @@ def bench_capacity(codecs: list[str], levels: list[int], seconds: float) -> None
                     with server(kind) as url:
                         pid = SERVER_PIDS[-1]
                         lag_before = lag_buckets(url) if kind == "agent" else {}
+                        holes_before = (counter_total(url, "agent_outbound_late_packets")
+                                        if kind == "agent" else 0.0)
                         gc_before = (lag_buckets(url, "agent_gc_pause_seconds", generation="2")
                                      if kind == "agent" else {})
                         cpu_before, started = cpu_seconds(pid), time.monotonic()
@@ -271,9 +297,13 @@ def bench_capacity(codecs: list[str], levels: list[int], seconds: float) -> None
                         lag = lag_quantiles(lag_before, lag_buckets(url)) if kind == "agent" else "-"
                         full_gc = gc_pauses(gc_before, lag_buckets(
                             url, "agent_gc_pause_seconds", generation="2")) if kind == "agent" else "-"
+                        holes = (counter_total(url, "agent_outbound_late_packets") - holes_before
+                                 if kind == "agent" else None)
                     ok, detail = level_passes(reports, delay / 1000)
+                    if holes is not None:
+                        detail += f", holes sent {holes:.0f}"
                     if not ok:
-                        detail += "; " + ("throughput" if busy >= 0.95 else "timing")
+                        detail += "; " + failure_cause(busy, holes)
                     live_text = "-" if live_share is None else f"{live_share * 100:.0f} %"
                     row = f"{live_text} ({average * 100:.0f} %) | {lag} | {full_gc} | {detail}"
                     if ok or attempt == 2:

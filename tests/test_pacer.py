@@ -38,6 +38,25 @@ async def test_pacer_waits_when_early_and_reanchors_after_a_stall() -> None:
     assert clock.now() == resumed + 0.02
 
 
+async def test_late_sends_count_packets_that_would_leave_a_hole_over_60_ms() -> None:
+    clock = FakeClock()
+    pacer = Pacer(clock, 0.02, max_lateness=0.1)
+    for _ in range(10):
+        await pacer.wait_next()
+    clock.advance(0.02 + 0.03)  # the next one goes out 30 ms late: a 50 ms hole, not counted
+    await pacer.wait_next()
+    assert pacer.late_sends == 0
+    clock.advance(0.02 + 0.05)  # 50 ms late: a 70 ms hole, counted; the burst that catches
+    await pacer.wait_next()  # up after it leaves no hole
+    await pacer.wait_next()
+    await pacer.wait_next()
+    assert pacer.late_sends == 1
+    clock.advance(1.0)  # a stall the pacer re-anchors after: counted too
+    await pacer.wait_next()
+    assert (pacer.late_sends, pacer.reanchors) == (2, 1)
+
+
+
 async def test_track_sends_silence_on_underrun_with_continuous_timestamps() -> None:
     clock = FakeClock()
     playout = PlayoutBuffer(24000)
