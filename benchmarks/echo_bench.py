@@ -41,7 +41,9 @@ SERVER_PIDS: list[int] = []
 
 
 @contextmanager
-def server(kind: str, extra: list[str] | None = None) -> Iterator[str]:
+def server(kind: str, extra: list[str] | None = None, niceness: int = 0) -> Iterator[str]:
+    """One of the two servers on core 0; with `niceness`, both run at it (`nice -n`), so a
+    comparison beside other work stays fair."""
     port = free_port()
     if kind == "agent":
         command = agent_command(port, "--ice-host", "127.0.0.1",
@@ -49,6 +51,8 @@ def server(kind: str, extra: list[str] | None = None) -> Iterator[str]:
                                 "--max-unauthenticated-per-address", "0", *(extra or []))
     else:
         command = [sys.executable, "benchmarks/plain_aiortc_echo.py", "--port", str(port)]
+    if niceness:
+        command = ["nice", "-n", str(niceness), *command]
     with server_on_core0(command, port) as pid:
         SERVER_PIDS.append(pid)
         yield f"http://127.0.0.1:{port}"
@@ -257,7 +261,8 @@ def calibration() -> float:
     return min(frame_cost(1, 400) for _ in range(3))
 
 
-def bench_capacity(codecs: list[str], levels: list[int], seconds: float) -> None:
+def bench_capacity(codecs: list[str], levels: list[int], seconds: float,
+                   niceness: int = 0) -> None:
     print("\n### Concurrent real-time calls, server pinned to one core\n")
     print(f"Calibration: frame cost {calibration():.3f} ms per frame per call "
           "(`frame_cost_bench.py`, 1 call). Loop lag: the agent's event-loop lag histogram "
@@ -274,14 +279,14 @@ def bench_capacity(codecs: list[str], levels: list[int], seconds: float) -> None
     for codec in codecs:
         for kind in ("plain", "agent"):
             label = "plain aiortc echo" if kind == "plain" else "agent (echo plugin)"
-            with server(kind) as url:
+            with server(kind, niceness=niceness) as url:
                 delay = callers_subprocess(url, 1, 4, codec, False)[0]["delay_ms"] or 300
             best = 0
             for count in levels:
                 # A shared 2-core machine stalls now and then; a level gets a second try so
                 # one stray 70 ms hiccup does not decide it. Both tries are printed.
                 for attempt in (1, 2):
-                    with server(kind) as url:
+                    with server(kind, niceness=niceness) as url:
                         pid = SERVER_PIDS[-1]
                         lag_before = lag_buckets(url) if kind == "agent" else {}
                         holes_before = (counter_total(url, "agent_outbound_late_packets")
@@ -329,6 +334,9 @@ def main() -> None:
     capacity.add_argument("--codecs", default="opus,pcmu")
     capacity.add_argument("--levels", default="2,4,6,8,10,12,15,18,21,24,28,32")
     capacity.add_argument("--seconds", type=float, default=10)
+    capacity.add_argument("--server-nice", type=int, default=0,
+                          help="run both servers at this niceness (negative: ahead of other "
+                          "work on the machine; needs root)")
     cpu = sub.add_parser("cpu")
     cpu.add_argument("--codecs", default="opus,pcmu")
     cpu.add_argument("--calls", type=int, default=6)
@@ -351,7 +359,7 @@ def main() -> None:
         bench_cpu(args.codecs.split(","), args.calls, args.seconds)
     elif args.command == "capacity":
         bench_capacity(args.codecs.split(","), [int(n) for n in args.levels.split(",")],
-                       args.seconds)
+                       args.seconds, args.server_nice)
     else:
         bench_delay(5, 6)
         bench_cpu(["opus", "pcmu"], 6, 10)

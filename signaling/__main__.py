@@ -83,9 +83,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="worker processes behind the one port, each with its own event loop and its "
         "share of --max-sessions (default: one per CPU core for plugins that run one "
         "instance per worker — echo, vllm-omni; always 1 for a model held in this process — "
-        "personaplex, moshi — for moshi-server, whose reference servers hold one call, and "
-        "with --tls-cert: scale the models out with more engines behind the remote plugins, "
-        "and end TLS in front of the server)")
+        "personaplex, moshi — and for moshi-server, whose reference servers hold one call: "
+        "scale the models out with more engines behind the remote plugins)")
+    parser.add_argument(
+        "--nice", type=int, default=0, metavar="N",
+        help="scheduling niceness of the server and its workers (default 0: as started); "
+        "negative puts its 20 ms audio pacing ahead of other work on the machine (needs root "
+        "or CAP_SYS_NICE; refused with a warning otherwise; docs/operations.md)")
     parser.add_argument("--worker-dir", default=None, metavar="DIR",
                         help="folder for the workers' private unix sockets (default: a new "
                         "temporary folder)")
@@ -215,6 +219,20 @@ def worker_count(args: argparse.Namespace) -> int:
     return max(1, args.workers)
 
 
+def apply_niceness(niceness: int) -> None:
+    """Set the niceness before any thread or worker starts: Linux keeps it per thread, and
+    threads and child processes inherit it from their creator."""
+    if niceness == 0:
+        return
+    try:
+        os.setpriority(os.PRIO_PROCESS, 0, niceness)
+    except PermissionError:
+        log.warning("--nice %d: not permitted (needs root or CAP_SYS_NICE); running at %d",
+                    niceness, os.getpriority(os.PRIO_PROCESS, 0))
+    else:
+        log.info("running at niceness %d", niceness)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     worker = "" if args.worker_index is None else f" w{args.worker_index}"
@@ -231,6 +249,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         json_log.use_json(worker=args.worker_index)
     # aioice logs every candidate pair check at INFO: one line per call is enough here.
     logging.getLogger("aioice").setLevel(max(logging.WARNING, logging.getLogger().level))
+    if args.worker_index is None:  # workers inherit it from the supervisor
+        apply_niceness(args.nice)
     workers = worker_count(args)
     group = None
     if args.worker_index is not None:

@@ -373,3 +373,12 @@ def test_a_signal_that_comes_while_a_worker_is_being_started_reaches_it(
             signal.signal(signum, handler)
     # Both were stopped by the signal, not left to run to their end (exit 0 after 3 s).
     assert [worker.returncode for worker in started] == [-signal.SIGTERM] * 2
+
+
+async def test_nice_applies_to_every_worker(tmp_path: Path) -> None:
+    niceness = min(19, os.getpriority(os.PRIO_PROCESS, 0) + 5)  # raising it needs no privilege
+    async with two_workers(tmp_path / "workers", "--nice", str(niceness)) as group:
+        pids = [worker["pid"] for worker in (await group.health())["workers"]]
+        assert len(pids) == 2
+        assert [os.getpriority(os.PRIO_PROCESS, pid) for pid in pids] == [niceness] * 2
+        assert os.getpriority(os.PRIO_PROCESS, group.process.pid) == niceness
