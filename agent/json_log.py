@@ -18,8 +18,11 @@ import re
 import time
 from typing import Any
 
-# new_call_id() and TelephonyLeg ids: a kind prefix and token_urlsafe(18) (24 characters).
-CALL_ID = re.compile(r"\b((?:call|rtp|media_stream)_[A-Za-z0-9_-]{24})(?![A-Za-z0-9_-])")
+from .worker_tag import ID_TOKEN_CHARS
+
+# new_call_id() and TelephonyLeg ids: a kind prefix and an ID_TOKEN_CHARS-long token.
+CALL_ID = re.compile(rf"\b((?:call|rtp|media_stream)_[A-Za-z0-9_-]{{{ID_TOKEN_CHARS}}})"
+                     r"(?![A-Za-z0-9_-])")
 FIELD = re.compile(r"(?<![\w.])([A-Za-z_][\w.]*)=(\S+)")
 
 

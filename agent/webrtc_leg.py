@@ -29,7 +29,7 @@ from .rtc_tuning import InlineAudioDecoding
 from .rtc_tuning.sctp_limit import OVERSIZED_EVENT
 from .sdp import with_explicit_directions
 from .ticker import Ticker
-from .worker_tag import tagged_token
+from .worker_tag import ID_TOKEN_BYTES, tagged_token
 
 if TYPE_CHECKING:
     from .leg_registry import LegRegistry
@@ -40,11 +40,8 @@ log = logging.getLogger(__name__)
 PC_CLOSE_TIMEOUT = 5.0
 
 
-ID_TOKEN_CHARS = 24  # token_urlsafe(18)
-
-
 def new_call_id() -> str:
-    return "call_" + tagged_token(18)
+    return "call_" + tagged_token(ID_TOKEN_BYTES)
 
 
 class WebRtcLeg(Leg):

@@ -15,6 +15,15 @@ TAGS = string.digits + string.ascii_lowercase + string.ascii_uppercase  # 62 wor
 _tag = ""
 
 
+def token_chars(nbytes: int) -> int:
+    """How many characters `secrets.token_urlsafe(nbytes)` has (base64url, no padding)."""
+    return -(-4 * nbytes // 3)
+
+
+ID_TOKEN_BYTES = 18  # the random part of call and telephony leg ids
+ID_TOKEN_CHARS = token_chars(ID_TOKEN_BYTES)
+
+
 def set_worker(index: int | None) -> None:
     """Tag every id this process makes from now on with worker `index` (None: no tag)."""
     global _tag

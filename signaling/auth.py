@@ -37,7 +37,7 @@ from aiohttp import web
 
 from agent.plugins.base import SessionConfig
 from agent.realtime_session import session_config_from_realtime
-from agent.worker_tag import tagged_token
+from agent.worker_tag import tagged_token, token_chars
 
 from .address_limit import mark_authenticated
 from .errors import ApiError, error_response, read_json_object
@@ -46,7 +46,7 @@ from .keys import AGENT_KEY
 API_KEY_ENV = "AGENT_API_KEY"
 SECRET_PREFIX = "ek_"
 SECRET_TOKEN_BYTES = 24
-SECRET_TOKEN_CHARS = 32  # token_urlsafe(24)
+SECRET_TOKEN_CHARS = token_chars(SECRET_TOKEN_BYTES)
 DEFAULT_SECRET_TTL = 60.0
 MAX_SECRET_TTL = 3600.0
 MAX_LIVE_SECRETS = 10_000

@@ -24,7 +24,7 @@ from ..events import server_event
 from ..leg import Leg, playout_stats
 from ..pacer import Pacer
 from ..rate_limit import TokenBucket
-from ..worker_tag import tagged_token
+from ..worker_tag import ID_TOKEN_BYTES, tagged_token
 from .codec import PTIME, NarrowbandCodec
 from .downsample import ChunkResampler
 
@@ -44,7 +44,7 @@ class TelephonyLeg(Leg):
 
     def __init__(self, agent: MediaAgent, codec: NarrowbandCodec,
                  settings: CallSettings | None = None) -> None:
-        super().__init__(f"{self.kind}_{tagged_token(18)}", agent.plugin, agent.ticker,
+        super().__init__(f"{self.kind}_{tagged_token(ID_TOKEN_BYTES)}", agent.plugin, agent.ticker,
                          settings or agent.settings.call, agent.legs)
         self.codec = codec
         self.dtmf_budget = TokenBucket(DTMF_RATE, DTMF_BURST)
