@@ -16,6 +16,7 @@ import logging
 import aiohttp
 from aiohttp import WSMsgType, web
 
+from .errors import ApiError
 from .telephony import OVERFLOW_KEY
 from .worker_routing import FORWARDED_HEADER, WORKERS_KEY, forwarded_headers
 
@@ -32,8 +33,7 @@ async def relay_media_stream(request: web.Request, max_msg_size: int
     if request.headers.get(FORWARDED_HEADER):
         return None  # already relayed here by a full worker: never pass it round again
     group = request.app[WORKERS_KEY]
-    for step in range(1, group.count):
-        index = (group.index + step) % group.count
+    for index in group.others():
         connector = aiohttp.UnixConnector(path=str(group.socket_path(index)))
         session = aiohttp.ClientSession(connector=connector, timeout=RELAY_TIMEOUT)
         try:
@@ -44,7 +44,9 @@ async def relay_media_stream(request: web.Request, max_msg_size: int
             await session.close()
             if exc.status == FULL:
                 continue
-            raise web.HTTPBadGateway() from exc  # it took the credential here; not there
+            # It took the credential here, not there: the workers disagree.
+            raise ApiError("worker_relay_failed", f"the worker with room refused the stream "
+                           f"({exc.status})", status=502) from exc
         except (aiohttp.ClientError, OSError, asyncio.TimeoutError):
             await session.close()
             continue

@@ -24,14 +24,14 @@ from aiohttp import web
 from multidict import CIMultiDict
 
 from agent.errors import AgentError
-from agent.webrtc_leg import ID_TOKEN_CHARS
-from agent.worker_tag import worker_of
+from agent.worker_tag import ID_TOKEN_CHARS, worker_of
 
 from .auth import SECRET_PREFIX, SECRET_TOKEN_CHARS
 from .cors import with_cors_headers
 from .errors import ApiError, error_response
 from .keys import AGENT_KEY
 from .realtime import CALLS_PATH
+from .supervisor import worker_socket_path
 from .telephony import RTP_PATH
 from .worker_views import merge_calls, merge_health, merge_metrics
 
@@ -53,7 +53,11 @@ class WorkerGroup:
     folder: Path
 
     def socket_path(self, index: int) -> Path:
-        return self.folder / f"worker-{index}.sock"
+        return worker_socket_path(self.folder, index)
+
+    def others(self) -> list[int]:
+        """The other workers, in turn from the one after this one."""
+        return [(self.index + step) % self.count for step in range(1, self.count)]
 
 
 WORKERS_KEY = web.AppKey("workers", WorkerGroup)
@@ -126,8 +130,7 @@ async def place_elsewhere(request: web.Request) -> web.Response:
     only when every worker is (admission counts all workers, not one's share)."""
     group = request.app[WORKERS_KEY]
     body = await request.read()
-    for step in range(1, group.count):
-        index = (group.index + step) % group.count
+    for index in group.others():
         try:
             status, headers, payload = await ask(request, index, body)
         except (aiohttp.ClientError, OSError, asyncio.TimeoutError):
@@ -177,8 +180,8 @@ async def worker_routing_middleware(
         # headers as each worker's own would.
         return with_cors_headers(request, view(answers))
     if request.path == "/admin/drain" and request.method == "POST":
-        others = [i for i in range(group.count) if i != group.index]
-        await asyncio.gather(*(ask(request, i) for i in others), return_exceptions=True)
+        await asyncio.gather(*(ask(request, i) for i in group.others()),
+                             return_exceptions=True)
         return await handler(request)
     owner = owner_of(request)
     try:

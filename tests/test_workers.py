@@ -19,8 +19,7 @@ import pytest
 from aiortc import RTCSessionDescription
 from prometheus_client.parser import text_string_to_metric_families
 
-from agent.webrtc_leg import ID_TOKEN_CHARS
-from agent.worker_tag import worker_of
+from agent.worker_tag import ID_TOKEN_CHARS, worker_of
 from realtime_fixtures import RealtimeClient, ice_credentials, sdpfrag, strip_candidates
 from server_process import Process, running_server
 
