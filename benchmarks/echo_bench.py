@@ -32,6 +32,8 @@ from collections.abc import Callable
 from contextlib import contextmanager
 from typing import Any, Iterator
 
+from prometheus_client.metrics_core import Metric
+
 from harness import ROOT, agent_command, cpu_seconds, free_port, server_on_core0, taskset
 
 GAP_LIMIT_MS = 60.0
@@ -184,16 +186,20 @@ def bench_cpu(codecs: list[str], calls: int, seconds: float) -> None:
             print(f"| {label} | {codec} | {per_call:.1f} | {100 / per_call:.0f} |", flush=True)
 
 
-def lag_buckets(url: str, name: str = "agent_event_loop_lag_seconds",
-                **labels: str) -> dict[float, float]:
-    """Cumulative bucket counts of one of the agent's histograms (the event-loop lag unless
-    told otherwise), from its /metrics."""
+def scrape(url: str) -> list[Metric]:
+    """The agent's /metrics, parsed by prometheus-client's own parser."""
     from prometheus_client.parser import text_string_to_metric_families
 
     with urllib.request.urlopen(url + "/metrics", timeout=10) as response:
-        text = response.read().decode()
+        return list(text_string_to_metric_families(response.read().decode()))
+
+
+def lag_buckets(families: list[Metric], name: str = "agent_event_loop_lag_seconds",
+                **labels: str) -> dict[float, float]:
+    """Cumulative bucket counts of one of the agent's histograms (the event-loop lag unless
+    told otherwise)."""
     buckets: dict[float, float] = {}
-    for family in text_string_to_metric_families(text):
+    for family in families:
         if family.name != name:
             continue
         for sample in family.samples:
@@ -203,13 +209,9 @@ def lag_buckets(url: str, name: str = "agent_event_loop_lag_seconds",
     return buckets
 
 
-def counter_total(url: str, name: str) -> float:
-    """One of the agent's counters from its /metrics, summed over its labels."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    with urllib.request.urlopen(url + "/metrics", timeout=10) as response:
-        text = response.read().decode()
-    return sum(sample.value for family in text_string_to_metric_families(text)
+def counter_total(families: list[Metric], name: str) -> float:
+    """One of the agent's counters, summed over its labels."""
+    return sum(sample.value for family in families
                for sample in family.samples if sample.name == name + "_total")
 
 
@@ -240,6 +242,20 @@ def lag_quantiles(before: dict[float, float], after: dict[float, float]) -> str:
     """p50 / p99 / max of the loop lag during a level, as histogram bucket bounds (<= x ms)."""
     total, bounds = level_quantiles(before, after, (0.5, 0.99, 1.0))
     return " / ".join(f"<={b}" for b in bounds) if total > 0 else "-"
+
+
+def agent_figures(before: list[Metric], after: list[Metric]
+                  ) -> tuple[str, str, float | None]:
+    """Loop lag, full GC passes and holes sent during a level, from the agent's /metrics
+    scraped before and after it ("-", "-", None for the plain echo, which has none)."""
+    if not after:
+        return "-", "-", None
+    lag = lag_quantiles(lag_buckets(before), lag_buckets(after))
+    full_gc = gc_pauses(lag_buckets(before, "agent_gc_pause_seconds", generation="2"),
+                        lag_buckets(after, "agent_gc_pause_seconds", generation="2"))
+    holes = (counter_total(after, "agent_outbound_late_packets")
+             - counter_total(before, "agent_outbound_late_packets"))
+    return lag, full_gc, holes
 
 
 def failure_cause(busy: float, holes_sent: float | None) -> str:
@@ -288,22 +304,15 @@ def bench_capacity(codecs: list[str], levels: list[int], seconds: float,
                 for attempt in (1, 2):
                     with server(kind, niceness=niceness) as url:
                         pid = SERVER_PIDS[-1]
-                        lag_before = lag_buckets(url) if kind == "agent" else {}
-                        holes_before = (counter_total(url, "agent_outbound_late_packets")
-                                        if kind == "agent" else 0.0)
-                        gc_before = (lag_buckets(url, "agent_gc_pause_seconds", generation="2")
-                                     if kind == "agent" else {})
+                        before = scrape(url) if kind == "agent" else []
                         cpu_before, started = cpu_seconds(pid), time.monotonic()
                         live = LiveWindowCpu(lambda: cpu_seconds(pid), count, seconds)
                         reports = callers_subprocess(url, count, seconds, codec, True)
                         average = (cpu_seconds(pid) - cpu_before) / (time.monotonic() - started)
                         live_share = live.result()
                         busy = live_share if live_share is not None else average
-                        lag = lag_quantiles(lag_before, lag_buckets(url)) if kind == "agent" else "-"
-                        full_gc = gc_pauses(gc_before, lag_buckets(
-                            url, "agent_gc_pause_seconds", generation="2")) if kind == "agent" else "-"
-                        holes = (counter_total(url, "agent_outbound_late_packets") - holes_before
-                                 if kind == "agent" else None)
+                        after = scrape(url) if kind == "agent" else []
+                    lag, full_gc, holes = agent_figures(before, after)
                     ok, detail = level_passes(reports, delay / 1000)
                     if holes is not None:
                         detail += f", holes sent {holes:.0f}"
