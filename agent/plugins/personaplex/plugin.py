@@ -272,9 +272,9 @@ class PersonaPlexPlugin(Plugin):
     def _voice_and_persona(self, model: LoadedModel, config: SessionConfig) -> tuple[str | None, str | None]:
         assert self.default_voice is not None
         if config.voice_audio is not None:
-            return policy.uploaded_voice_name(config.voice_audio), policy.persona_instructions(
-                config.instructions)
-        voice = policy.validate_voice(config.voice, model.files.voices, self.default_voice)
+            voice = policy.uploaded_voice_name(config.voice_audio)
+        else:
+            voice = policy.validate_voice(config.voice, model.files.voices, self.default_voice)
         return voice, policy.persona_instructions(config.instructions)
 
     async def prepare_runtime_config(self, session_config: SessionConfig) -> RuntimeConfig:
