@@ -258,10 +258,13 @@ def agent_figures(before: list[Metric], after: list[Metric]
     return lag, full_gc, holes
 
 
-def failure_cause(busy: float, holes_sent: float | None) -> str:
-    """Why a level failed: the server ran out of CPU, or audio came late; and for the agent,
-    whether the server itself left the holes (its pacer's count of packets sent > 60 ms after
-    the one before) or they opened after it (the callers' process, the network stack)."""
+def failure_cause(busy: float, holes_sent: float | None, detail: str) -> str:
+    """Why a level failed: a call was refused or failed to connect, the server ran out of CPU,
+    or audio came late; and for the agent, whether the server itself left the holes (its
+    pacer's count of packets sent > 60 ms after the one before) or they opened after it (the
+    callers' process, the network stack)."""
+    if detail.startswith("call failed"):
+        return "call failed"
     if busy >= 0.95:
         return "throughput"
     if holes_sent is None:
@@ -317,7 +320,7 @@ def bench_capacity(codecs: list[str], levels: list[int], seconds: float,
                     if holes is not None:
                         detail += f", holes sent {holes:.0f}"
                     if not ok:
-                        detail += "; " + failure_cause(busy, holes)
+                        detail += "; " + failure_cause(busy, holes, detail)
                     live_text = "-" if live_share is None else f"{live_share * 100:.0f} %"
                     row = f"{live_text} ({average * 100:.0f} %) | {lag} | {full_gc} | {detail}"
                     if ok or attempt == 2:

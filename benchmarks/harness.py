@@ -24,9 +24,12 @@ def free_port() -> int:
 def agent_command(port: int, *flags: str, workers: int = 1) -> list[str]:
     """`python -m signaling` on `port` as a benchmark runs it: one worker process unless told
     otherwise (the server's default is one per core, and a benchmark that pins the server to
-    a core or reads one pid's CPU, memory or threads measures one process)."""
+    a core or reads one pid's CPU, memory or threads measures one process), and no admission
+    limit unless `flags` set one (the default, calls per core, would refuse a capacity level
+    before the server itself runs out)."""
+    limit = [] if "--max-sessions" in flags else ["--max-sessions", "0"]
     return [sys.executable, "-m", "signaling", "--port", str(port), "--workers", str(workers),
-            "--log-level", "WARNING", *flags]
+            "--log-level", "WARNING", *limit, *flags]
 
 
 def wait_for_port(port: int, timeout: float = 20.0) -> None:

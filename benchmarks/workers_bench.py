@@ -26,7 +26,7 @@ from harness import ROOT, agent_command, free_port, tree_cpu_seconds, wait_for_p
 @contextmanager
 def agent(workers: int) -> Iterator[tuple[str, int]]:
     port = free_port()
-    command = agent_command(port, "--ice-host", "127.0.0.1", "--max-sessions", "0",
+    command = agent_command(port, "--ice-host", "127.0.0.1",
                             "--max-unauthenticated-per-address", "0", workers=workers)
     process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL,
                                stderr=subprocess.DEVNULL)
