@@ -104,8 +104,10 @@ class LiveWindowCpu:
     figure also counts the ramp-up and tear-down, and reads far below the core's real load
     (24 calls: 67 % on average, 89 % with every call live)."""
 
-    def __init__(self, cpu: Callable[[], float], count: int, seconds: float) -> None:
-        self.start = count * STAGGER_S + 1.0
+    def __init__(self, cpu: Callable[[], float], count: int, seconds: float,
+                 ramp_s: float | None = None) -> None:
+        # `ramp_s`: how long the callers take to open every call, where not staggered
+        self.start = (count * STAGGER_S if ramp_s is None else ramp_s) + 1.0
         self.end = seconds - 0.5
         self.share: float | None = None
         self._cpu = cpu

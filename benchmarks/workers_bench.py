@@ -1,14 +1,18 @@
-"""`--workers`: real-time Opus echo calls held by 1 worker and by 2, on the same machine.
+"""`--workers`: real-time echo calls held by 1 worker and by 2, on the same machine.
 
-    python benchmarks/workers_bench.py [--workers 1,2] [--levels 8,16,24,...] [--seconds 10]
+    python benchmarks/workers_bench.py [--transport webrtc|rtp] [--workers 1,2]
+                                       [--levels 8,16,24,...] [--seconds 10]
 
 Nothing is pinned: the server (its supervisor and workers) and the one caller process share
 every core, the same way for each worker count, so the caller's own CPU is part of both runs.
-Callers send pre-encoded Opus (they do not encode). A level passes as in `echo_bench.py
-capacity` (every call connected, no gap over 60 ms after the first second, >= 99 % received
-and echoed); a failing level is tried once more. Each row gives the server's CPU in cores
-(all its processes) while every call was live and over the whole level, and the caller
-process's over the level. Prints a markdown table.
+`webrtc` callers are aiortc peers sending pre-encoded Opus (they do not encode); `rtp`
+callers are the RTP legs of `telephony_capacity_bench.py` (PCMU, no SRTP or ICE, one pacing
+loop for all, what came back judged after the run): far cheaper per call than an aiortc
+peer, so they leave most of the machine to the server. A level passes as in
+`echo_bench.py capacity` / `telephony_capacity_bench.py` (every call connected, no gap over
+60 ms after the first second, >= 99 % received and echoed); a failing level is tried once
+more. Each row gives the server's CPU in cores (all its processes) while every call was live
+and over the whole level, and the caller process's over the level. Prints a markdown table.
 """
 
 from __future__ import annotations
@@ -16,18 +20,24 @@ from __future__ import annotations
 import argparse
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import Any
 
+import telephony_capacity_bench as telephony
 from echo_bench import LiveWindowCpu, calibration, callers_subprocess, level_passes
 from harness import ROOT, agent_command, free_port, tree_cpu_seconds, wait_for_port
+
+RTP_RAMP_S = 2.0  # the RTP clients' start-up and opening of every leg, before the live window
 
 
 @contextmanager
 def agent(workers: int) -> Iterator[tuple[str, int]]:
     port = free_port()
     command = agent_command(port, "--ice-host", "127.0.0.1",
-                            "--max-unauthenticated-per-address", "0", workers=workers)
+                            "--max-unauthenticated-per-address", "0",
+                            "--rtp-ports", "42000-45999", "--idle-timeout", "30",
+                            workers=workers)
     process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL,
                                stderr=subprocess.DEVNULL)
     try:
@@ -42,35 +52,42 @@ def agent(workers: int) -> Iterator[tuple[str, int]]:
             process.kill()
 
 
+def webrtc_level(url: str, count: int, seconds: float, delay_s: float
+                 ) -> tuple[bool, str]:
+    return level_passes(callers_subprocess(url, count, seconds, "opus", True, core=None),
+                        delay_s)
+
+
+def rtp_level(url: str, count: int, seconds: float, delay_s: float) -> tuple[bool, str]:
+    return telephony.level_passes(
+        telephony.clients_subprocess("rtp", url, count, seconds, core=None))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--transport", choices=["webrtc", "rtp"], default="webrtc")
     parser.add_argument("--workers", default="1,2")
     parser.add_argument("--levels", default="8,16,24,32,40,48,56,64")
     parser.add_argument("--seconds", type=float, default=10)
     args = parser.parse_args()
     print(f"\nCalibration: frame cost {calibration():.3f} ms per frame per call "
-          "(`frame_cost_bench.py`, 1 call).\n")
+          f"(`frame_cost_bench.py`, 1 call). Callers: {args.transport}.\n")
     print("| workers | calls | result | server cores live (avg) | caller cores (avg) | detail |")
     print("|---|---|---|---|---|---|")
+    run_level: Callable[[str, int, float, float], tuple[bool, str]] = (
+        webrtc_level if args.transport == "webrtc" else rtp_level)
     for workers in [int(n) for n in args.workers.split(",")]:
-        with agent(workers) as (url, _):
-            delay = callers_subprocess(url, 1, 4, "opus", False, core=None)[0]["delay_ms"] or 300
+        delay_s = 0.3
+        if args.transport == "webrtc":
+            with agent(workers) as (url, _):
+                report = callers_subprocess(url, 1, 4, "opus", False, core=None)[0]
+                delay_s = (report["delay_ms"] or 300) / 1000
         best = 0
         for count in [int(n) for n in args.levels.split(",")]:
             for attempt in (1, 2):
-                with agent(workers) as (url, pid):
-                    before, started = tree_cpu_seconds(pid), time.monotonic()
-                    caller_before = cpu_of_children()
-                    live = LiveWindowCpu(lambda: tree_cpu_seconds(pid), count, args.seconds)
-                    reports = callers_subprocess(url, count, args.seconds, "opus", True, core=None)
-                    wall = time.monotonic() - started
-                    server_cores = (tree_cpu_seconds(pid) - before) / wall
-                    caller_cores = (cpu_of_children() - caller_before) / wall
-                    live_cores = live.result()
-                ok, detail = level_passes(reports, delay / 1000)
-                live_text = "-" if live_cores is None else f"{live_cores:.2f}"
-                row = f"{live_text} ({server_cores:.2f}) | {caller_cores:.2f} | {detail}"
+                ok, row = one_level(run_level, workers, count, args.seconds, delay_s,
+                                    RTP_RAMP_S if args.transport == "rtp" else None)
                 if ok or attempt == 2:
                     break
                 print(f"| {workers} | {count} | (retry) | {row} |", flush=True)
@@ -80,6 +97,22 @@ def main() -> None:
                 break
             best = count
         print(f"| **{workers}** | **{best}** | **max real time** | | | |", flush=True)
+
+
+def one_level(run_level: Callable[[str, int, float, float], tuple[bool, str]], workers: int,
+              count: int, seconds: float, delay_s: float, ramp_s: float | None
+              ) -> tuple[bool, str]:
+    with agent(workers) as (url, pid):
+        before, started = tree_cpu_seconds(pid), time.monotonic()
+        caller_before = cpu_of_children()
+        live = LiveWindowCpu(lambda: tree_cpu_seconds(pid), count, seconds, ramp_s)
+        ok, detail = run_level(url, count, seconds, delay_s)
+        wall = time.monotonic() - started
+        server_cores = (tree_cpu_seconds(pid) - before) / wall
+        caller_cores = (cpu_of_children() - caller_before) / wall
+        live_cores: Any = live.result()
+    live_text = "-" if live_cores is None else f"{live_cores:.2f}"
+    return ok, f"{live_text} ({server_cores:.2f}) | {caller_cores:.2f} | {detail}"
 
 
 def cpu_of_children() -> float:

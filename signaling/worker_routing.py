@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,6 +33,7 @@ from .keys import AGENT_KEY
 from .realtime import CALLS_PATH
 from .supervisor import worker_socket_path
 from .telephony import RTP_PATH
+from .worker_load import WorkerLoads
 from .worker_views import merge_calls, merge_health, merge_metrics
 
 FORWARDED_HEADER = "X-Agent-Worker-Forwarded"
@@ -44,6 +45,7 @@ HOP_HEADERS = frozenset({"connection", "keep-alive", "transfer-encoding", "upgra
 OWNED_PATHS = (re.compile(rf"^{CALLS_PATH}/([^/]+)(?:/hangup)?$"),
                re.compile(rf"^{RTP_PATH}/([^/]+)$"))
 NEW_CALL_PATHS = frozenset({CALLS_PATH, "/offer"})
+LOAD_REFRESH_S = 0.5
 
 
 @dataclass(frozen=True)
@@ -62,6 +64,7 @@ class WorkerGroup:
 
 WORKERS_KEY = web.AppKey("workers", WorkerGroup)
 SESSIONS_KEY = web.AppKey("worker_sessions", dict)
+LOADS_KEY = web.AppKey("worker_loads", WorkerLoads)
 
 
 def owner_of(request: web.Request) -> int | None:
@@ -143,6 +146,38 @@ async def place_elsewhere(request: web.Request) -> web.Response:
     raise ApiError("server_full", "every worker was full a moment ago; retry", status=503)
 
 
+async def place_on_lighter(request: web.Request, lighter: int) -> web.Response | None:
+    """Hand a new call to a worker holding fewer calls; None: it refused or did not answer
+    (it filled up meanwhile, or died), so the call stays here."""
+    loads = request.app[LOADS_KEY]
+    loads.handing[lighter] += 1
+    try:
+        status, headers, payload = await ask(request, lighter, await request.read())
+    except (aiohttp.ClientError, OSError, asyncio.TimeoutError):
+        return None
+    finally:
+        loads.handing[lighter] -= 1
+    if status == 503 and b'"server_full"' in payload:
+        return None
+    return web.Response(status=status, headers=headers, body=payload)
+
+
+async def handle_new_leg(request: web.Request,
+                         handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+                         ) -> web.StreamResponse:
+    """A new call set up here, counted as arriving while it is, so a burst of new calls
+    spreads before any of them is held."""
+    loads = request.app[LOADS_KEY]
+    agent = request.app[AGENT_KEY]
+    loads.arriving += 1
+    loads.publish(agent.legs.held_slots)
+    try:
+        return await handler(request)
+    finally:
+        loads.arriving -= 1
+        loads.publish(agent.legs.held_slots)
+
+
 async def ask_all(request: web.Request) -> list[tuple[int, int | None, bytes]]:
     """(worker, status or None if unreachable, body) from every worker, this one included."""
     group = request.app[WORKERS_KEY]
@@ -167,7 +202,14 @@ async def worker_routing_middleware(
     request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
 ) -> web.StreamResponse:
     if request.headers.get(FORWARDED_HEADER):
-        return await handler(request)
+        if not is_new_leg(request):
+            return await handler(request)
+        # A call handed here is counted by the worker that handed it until it is answered,
+        # and here from then on.
+        try:
+            return await handler(request)
+        finally:
+            request.app[LOADS_KEY].publish(request.app[AGENT_KEY].legs.held_slots)
     group = request.app[WORKERS_KEY]
     view = VIEWS.get(request.path)
     if view is not None and request.method == "GET":
@@ -185,8 +227,13 @@ async def worker_routing_middleware(
         return await handler(request)
     owner = owner_of(request)
     try:
-        if owner is None and is_new_leg(request) and not request.app[AGENT_KEY].has_room:
-            return await place_elsewhere(request)
+        if owner is None and is_new_leg(request):
+            if not request.app[AGENT_KEY].has_room:
+                return await place_elsewhere(request)
+            request.app[LOADS_KEY].publish(request.app[AGENT_KEY].legs.held_slots)
+            lighter = request.app[LOADS_KEY].lighter_worker()
+            placed = None if lighter is None else await place_on_lighter(request, lighter)
+            return placed if placed is not None else await handle_new_leg(request, handler)
         if owner is None or owner == group.index or owner >= group.count:
             return await handler(request)
         return await forward(request, owner)
@@ -197,6 +244,21 @@ async def worker_routing_middleware(
 async def _close_sessions(app: web.Application) -> None:
     for session in list(app[SESSIONS_KEY].values()):
         await session.close()
+    app[LOADS_KEY].close()
+
+
+async def _publish_load(app: web.Application) -> None:
+    """Refresh this worker's count as calls end (no request here says so)."""
+    while True:
+        app[LOADS_KEY].publish(app[AGENT_KEY].legs.held_slots)
+        await asyncio.sleep(LOAD_REFRESH_S)
+
+
+async def _load_publisher(app: web.Application) -> AsyncIterator[None]:
+    task = asyncio.ensure_future(_publish_load(app))
+    yield
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
 
 
 def install(app: web.Application, group: WorkerGroup) -> None:
@@ -204,5 +266,7 @@ def install(app: web.Application, group: WorkerGroup) -> None:
     CORS middleware, so a relayed answer carries the owner's CORS headers only)."""
     app[WORKERS_KEY] = group
     app[SESSIONS_KEY] = {}
+    app[LOADS_KEY] = WorkerLoads(group.folder, group.index, group.count)
     app.middlewares.insert(0, worker_routing_middleware)
+    app.cleanup_ctx.append(_load_publisher)
     app.on_cleanup.append(_close_sessions)

@@ -221,6 +221,24 @@ async def test_a_full_worker_passes_a_new_call_to_one_with_room(tmp_path: Path) 
             assert (await response.json())["error"]["code"] == "server_full"
 
 
+async def test_new_calls_spread_over_the_workers_whichever_accepts_them(
+        workers: Workers) -> None:
+    """The kernel, not the load, picks the worker that accepts: every new call here arrives
+    on worker 0, and a worker holding MARGIN more calls than another hands the call over."""
+    from signaling.worker_load import MARGIN
+
+    owners = []
+    for _ in range(8):
+        async with workers.via(0).post("http://worker/v1/telephony/rtp",
+                                       json={"remote": "127.0.0.1:9", "codec": "PCMU"}) as response:
+            body = await response.json()
+            assert response.status == 201, body
+            owners.append(worker_of(body["call_id"], ID_TOKEN_CHARS))
+    assert abs(owners.count(0) - owners.count(1)) <= MARGIN, owners
+    health = await workers.health()
+    assert [w["active_calls"] for w in health["workers"]] == [owners.count(0), owners.count(1)]
+
+
 def test_a_worker_stopped_while_still_starting_counts_as_drained(tmp_path: Path) -> None:
     """SIGTERM reaching a worker before its drain handler is installed kills it with the
     default action; that worker had no calls yet, so the supervisor still exits 0."""
