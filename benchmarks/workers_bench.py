@@ -22,13 +22,15 @@ import subprocess
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
 
 import telephony_capacity_bench as telephony
 from echo_bench import LiveWindowCpu, calibration, callers_subprocess, level_passes
 from harness import ROOT, agent_command, free_port, tree_cpu_seconds, wait_for_port
 
 RTP_RAMP_S = 2.0  # the RTP clients' start-up and opening of every leg, before the live window
+
+# (url, calls, seconds, echo delay in s) -> (passed, detail)
+LevelRunner = Callable[[str, int, float, float], tuple[bool, str]]
 
 
 @contextmanager
@@ -75,8 +77,7 @@ def main() -> None:
           f"(`frame_cost_bench.py`, 1 call). Callers: {args.transport}.\n")
     print("| workers | calls | result | server cores live (avg) | caller cores (avg) | detail |")
     print("|---|---|---|---|---|---|")
-    run_level: Callable[[str, int, float, float], tuple[bool, str]] = (
-        webrtc_level if args.transport == "webrtc" else rtp_level)
+    run_level: LevelRunner = webrtc_level if args.transport == "webrtc" else rtp_level
     for workers in [int(n) for n in args.workers.split(",")]:
         delay_s = 0.3
         if args.transport == "webrtc":
@@ -99,9 +100,8 @@ def main() -> None:
         print(f"| **{workers}** | **{best}** | **max real time** | | | |", flush=True)
 
 
-def one_level(run_level: Callable[[str, int, float, float], tuple[bool, str]], workers: int,
-              count: int, seconds: float, delay_s: float, ramp_s: float | None
-              ) -> tuple[bool, str]:
+def one_level(run_level: LevelRunner, workers: int, count: int, seconds: float,
+              delay_s: float, ramp_s: float | None) -> tuple[bool, str]:
     with agent(workers) as (url, pid):
         before, started = tree_cpu_seconds(pid), time.monotonic()
         caller_before = cpu_of_children()
@@ -110,7 +110,7 @@ def one_level(run_level: Callable[[str, int, float, float], tuple[bool, str]], w
         wall = time.monotonic() - started
         server_cores = (tree_cpu_seconds(pid) - before) / wall
         caller_cores = (cpu_of_children() - caller_before) / wall
-        live_cores: Any = live.result()
+        live_cores = live.result()
     live_text = "-" if live_cores is None else f"{live_cores:.2f}"
     return ok, f"{live_text} ({server_cores:.2f}) | {caller_cores:.2f} | {detail}"
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import mmap
 import os
 import struct
+from collections.abc import Callable
 from pathlib import Path
 
 SLOT = struct.Struct("<q")
@@ -21,7 +22,9 @@ FILE_NAME = "loads"
 
 
 class WorkerLoads:
-    def __init__(self, folder: Path, index: int, count: int) -> None:
+    """`held`: the calls this worker holds now (live, and admitted while being set up)."""
+
+    def __init__(self, folder: Path, index: int, count: int, held: Callable[[], int]) -> None:
         self.index = index
         self.count = count
         size = SLOT.size * count
@@ -36,9 +39,10 @@ class WorkerLoads:
         # new calls handed to each worker and not yet answered: its slot counts them only
         # once they arrive there, and a burst would otherwise all go to the same one
         self.handing = [0] * count
+        self._held = held
 
-    def publish(self, held: int) -> None:
-        SLOT.pack_into(self._map, self.index * SLOT.size, held + self.arriving)
+    def publish(self) -> None:
+        SLOT.pack_into(self._map, self.index * SLOT.size, self._held() + self.arriving)
 
     def loads(self) -> list[int]:
         return [SLOT.unpack_from(self._map, i * SLOT.size)[0] for i in range(self.count)]

@@ -128,38 +128,40 @@ def is_new_leg(request: web.Request) -> bool:
                                          or request.path == RTP_PATH)
 
 
+async def offer_to(request: web.Request, index: int, body: bytes) -> web.Response | None:
+    """A new call re-posted to worker `index`: its answer, or None where it is full or does
+    not answer (it died)."""
+    try:
+        status, headers, payload = await ask(request, index, body)
+    except (aiohttp.ClientError, OSError, asyncio.TimeoutError):
+        return None
+    if status == 503 and b'"server_full"' in payload:
+        return None
+    return web.Response(status=status, headers=headers, body=payload)
+
+
 async def place_elsewhere(request: web.Request) -> web.Response:
     """This worker is full: offer the new call to the others in turn, so the server refuses
     only when every worker is (admission counts all workers, not one's share)."""
-    group = request.app[WORKERS_KEY]
     body = await request.read()
-    for index in group.others():
-        try:
-            status, headers, payload = await ask(request, index, body)
-        except (aiohttp.ClientError, OSError, asyncio.TimeoutError):
-            continue
-        if status == 503 and b'"server_full"' in payload:
-            continue
-        return web.Response(status=status, headers=headers, body=payload)
+    for index in request.app[WORKERS_KEY].others():
+        answer = await offer_to(request, index, body)
+        if answer is not None:
+            return answer
     request.app[AGENT_KEY].check_capacity()  # everyone is full: the coded 503 from here
     # A slot freed here meanwhile: the body is read, so the caller retries (rare).
     raise ApiError("server_full", "every worker was full a moment ago; retry", status=503)
 
 
 async def place_on_lighter(request: web.Request, lighter: int) -> web.Response | None:
-    """Hand a new call to a worker holding fewer calls; None: it refused or did not answer
-    (it filled up meanwhile, or died), so the call stays here."""
+    """Hand a new call to a worker holding fewer calls; None: it filled up meanwhile or did
+    not answer, so the call stays here."""
     loads = request.app[LOADS_KEY]
     loads.handing[lighter] += 1
     try:
-        status, headers, payload = await ask(request, lighter, await request.read())
-    except (aiohttp.ClientError, OSError, asyncio.TimeoutError):
-        return None
+        return await offer_to(request, lighter, await request.read())
     finally:
         loads.handing[lighter] -= 1
-    if status == 503 and b'"server_full"' in payload:
-        return None
-    return web.Response(status=status, headers=headers, body=payload)
 
 
 async def handle_new_leg(request: web.Request,
@@ -168,14 +170,13 @@ async def handle_new_leg(request: web.Request,
     """A new call set up here, counted as arriving while it is, so a burst of new calls
     spreads before any of them is held."""
     loads = request.app[LOADS_KEY]
-    agent = request.app[AGENT_KEY]
     loads.arriving += 1
-    loads.publish(agent.legs.held_slots)
+    loads.publish()
     try:
         return await handler(request)
     finally:
         loads.arriving -= 1
-        loads.publish(agent.legs.held_slots)
+        loads.publish()
 
 
 async def ask_all(request: web.Request) -> list[tuple[int, int | None, bytes]]:
@@ -209,7 +210,7 @@ async def worker_routing_middleware(
         try:
             return await handler(request)
         finally:
-            request.app[LOADS_KEY].publish(request.app[AGENT_KEY].legs.held_slots)
+            request.app[LOADS_KEY].publish()
     group = request.app[WORKERS_KEY]
     view = VIEWS.get(request.path)
     if view is not None and request.method == "GET":
@@ -230,7 +231,7 @@ async def worker_routing_middleware(
         if owner is None and is_new_leg(request):
             if not request.app[AGENT_KEY].has_room:
                 return await place_elsewhere(request)
-            request.app[LOADS_KEY].publish(request.app[AGENT_KEY].legs.held_slots)
+            request.app[LOADS_KEY].publish()
             lighter = request.app[LOADS_KEY].lighter_worker()
             placed = None if lighter is None else await place_on_lighter(request, lighter)
             return placed if placed is not None else await handle_new_leg(request, handler)
@@ -250,7 +251,7 @@ async def _close_sessions(app: web.Application) -> None:
 async def _publish_load(app: web.Application) -> None:
     """Refresh this worker's count as calls end (no request here says so)."""
     while True:
-        app[LOADS_KEY].publish(app[AGENT_KEY].legs.held_slots)
+        app[LOADS_KEY].publish()
         await asyncio.sleep(LOAD_REFRESH_S)
 
 
@@ -266,7 +267,8 @@ def install(app: web.Application, group: WorkerGroup) -> None:
     CORS middleware, so a relayed answer carries the owner's CORS headers only)."""
     app[WORKERS_KEY] = group
     app[SESSIONS_KEY] = {}
-    app[LOADS_KEY] = WorkerLoads(group.folder, group.index, group.count)
+    app[LOADS_KEY] = WorkerLoads(group.folder, group.index, group.count,
+                                 held=lambda: app[AGENT_KEY].legs.held_slots)
     app.middlewares.insert(0, worker_routing_middleware)
     app.cleanup_ctx.append(_load_publisher)
     app.on_cleanup.append(_close_sessions)

@@ -10,7 +10,7 @@ import asyncio
 import contextlib
 import os
 import signal
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -101,6 +101,18 @@ async def wait_for_async(predicate: Any, timeout: float) -> None:
                 pass
             await asyncio.sleep(0.1)
     await asyncio.wait_for(poll(), timeout)
+
+
+@contextlib.contextmanager
+def signal_handlers_kept() -> Iterator[None]:
+    """A supervisor run in the test process installs its own SIGTERM/SIGINT handlers: put
+    pytest's back afterwards."""
+    handlers = {signum: signal.getsignal(signum) for signum in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for signum, handler in handlers.items():
+            signal.signal(signum, handler)
 
 
 def owner(call: RealtimeClient) -> int | None:
@@ -242,7 +254,6 @@ async def test_new_calls_spread_over_the_workers_whichever_accepts_them(
 def test_a_worker_stopped_while_still_starting_counts_as_drained(tmp_path: Path) -> None:
     """SIGTERM reaching a worker before its drain handler is installed kills it with the
     default action; that worker had no calls yet, so the supervisor still exits 0."""
-    import subprocess
     import sys
     import threading
     from signaling.supervisor import Supervisor
@@ -255,15 +266,13 @@ def test_a_worker_stopped_while_still_starting_counts_as_drained(tmp_path: Path)
             return None
 
     supervisor = StartingWorkers([], 2, tmp_path, [])
-    handlers = {signum: signal.getsignal(signum) for signum in (signal.SIGTERM, signal.SIGINT)}
     stop = threading.Timer(0.5, supervisor.on_signal, (signal.SIGTERM, None))
     stop.start()
     try:
-        assert supervisor.run() == 0
+        with signal_handlers_kept():
+            assert supervisor.run() == 0
     finally:
         stop.cancel()
-        for signum, handler in handlers.items():
-            signal.signal(signum, handler)
         for worker in supervisor.workers.values():
             worker.kill()
 
@@ -375,7 +384,6 @@ def test_a_signal_that_comes_while_a_worker_is_being_started_reaches_it(
             return None
 
     supervisor = SignalledDuringSpawn([], 2, tmp_path, [])
-    handlers = {signum: signal.getsignal(signum) for signum in (signal.SIGTERM, signal.SIGINT)}
     started = []
     original_spawn = supervisor.spawn
 
@@ -383,11 +391,8 @@ def test_a_signal_that_comes_while_a_worker_is_being_started_reaches_it(
         started.append(original_spawn(index))
         return started[-1]
     supervisor.spawn = spawn  # type: ignore[method-assign]
-    try:
+    with signal_handlers_kept():
         assert supervisor.run() == 0
-    finally:
-        for signum, handler in handlers.items():
-            signal.signal(signum, handler)
     # Both were stopped by the signal, not left to run to their end (exit 0 after 3 s).
     assert [worker.returncode for worker in started] == [-signal.SIGTERM] * 2
 

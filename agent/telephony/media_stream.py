@@ -203,7 +203,7 @@ class MediaStreamSession(TelephonyLeg):
             return  # the protocol has a message for errors only
         error = event.get("error", {})
         self.tasks.spawn(self._send_error(error.get("code", "error"), error.get("message", "")),
-                   "error")
+                         "error")
 
     async def _send_error(self, code: str, message: str) -> None:
         try:
