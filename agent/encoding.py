@@ -17,6 +17,11 @@ import numpy as np
 
 PTIME = 0.02
 OPUS_BITRATE = 48_000
+# libopus's complexity knob, 0-10: CPU per encoded frame against quality at the same bitrate.
+# 10 is libopus's own default (and aiortc's). Measured here (benchmarks/opus_complexity_bench.py,
+# 24 kHz mono speech at 48 kbit/s): 10 costs about twice 0 per frame.
+OPUS_COMPLEXITY = 10
+OPUS_COMPLEXITY_RANGE = range(0, 11)
 
 # mime subtype (lowercase) → (ffmpeg encoder, encoder sample rate)
 _CODECS: dict[str, tuple[str, int | None]] = {
@@ -33,7 +38,10 @@ def supports_inline(mime_type: str) -> bool:
 class InlineAudioEncoder:
     """s16 mono frames of `ptime` at `sample_rate` in, one `av.Packet` each out."""
 
-    def __init__(self, mime_type: str, sample_rate: int) -> None:
+    def __init__(self, mime_type: str, sample_rate: int,
+                 opus_complexity: int = OPUS_COMPLEXITY) -> None:
+        if opus_complexity not in OPUS_COMPLEXITY_RANGE:
+            raise ValueError(f"Opus complexity must be 0-10, not {opus_complexity}")
         encoder_name, encoder_rate = _CODECS[mime_type.lower().split("/")[-1]]
         if encoder_name == "libopus" and sample_rate not in (8000, 12000, 16000, 24000, 48000):
             encoder_rate = 48000
@@ -46,7 +54,9 @@ class InlineAudioEncoder:
         self._codec.time_base = Fraction(1, self.rate)
         if encoder_name == "libopus":
             self._codec.bit_rate = OPUS_BITRATE
-            self._codec.options = {"application": "lowdelay"}
+            # FFmpeg's libopus wrapper takes complexity as its compression_level.
+            self._codec.options = {"application": "lowdelay",
+                                   "compression_level": str(opus_complexity)}
         self._resampler = (
             av.AudioResampler(
                 format="s16", layout="mono", rate=self.rate, frame_size=self.samples_per_packet

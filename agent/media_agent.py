@@ -13,6 +13,7 @@ import aiortc
 from aiortc import RTCConfiguration, RTCIceServer, RTCPeerConnection
 
 from .call_settings import CallSettings
+from .encoding import OPUS_COMPLEXITY
 from .errors import CallError
 from .leg import Leg, media_counts, prepare_config
 from .leg_registry import LegRegistry
@@ -34,6 +35,7 @@ class AgentSettings:
     codecs: tuple[str, ...] = AUDIO_CODECS  # every codec aiortc negotiates, Opus first
     max_calls: int = 0  # 0 = no limit beyond the plugin's own
     inline_encoding: bool = True
+    opus_complexity: int = OPUS_COMPLEXITY  # --opus-complexity: encoder CPU against quality
     inline_decoding: bool = True
     call: CallSettings = field(default_factory=CallSettings)
 

@@ -15,7 +15,7 @@ import numpy as np
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
 from .clock import Clock, MonotonicClock
-from .encoding import PTIME, InlineAudioEncoder
+from .encoding import OPUS_COMPLEXITY, PTIME, InlineAudioEncoder
 from .pacer import Pacer
 from .playout import PlayoutBuffer
 
@@ -53,9 +53,9 @@ class AgentAudioTrack(MediaStreamTrack):
     def encodes_inline(self) -> bool:
         return self._encoder is not None
 
-    def use_inline_encoder(self, mime_type: str) -> None:
+    def use_inline_encoder(self, mime_type: str, opus_complexity: int = OPUS_COMPLEXITY) -> None:
         """Return encoded packets instead of raw frames (set once the codec is negotiated)."""
-        self._encoder = InlineAudioEncoder(mime_type, self.sample_rate)
+        self._encoder = InlineAudioEncoder(mime_type, self.sample_rate, opus_complexity)
 
     def next_chunk(self) -> np.ndarray:
         audio = self.playout.pop(self.samples_per_chunk)

@@ -125,7 +125,7 @@ class WebRtcLeg(Leg):
         main.sender.replaceTrack(self.track)
         codec = rtc_tuning.negotiated_codecs(main)[0]
         if settings.inline_encoding and supports_inline(codec.mimeType):
-            self.track.use_inline_encoder(codec.mimeType)
+            self.track.use_inline_encoder(codec.mimeType, settings.opus_complexity)
         self.codec = codec.mimeType.split("/")[-1]
         self.sender = main.sender
 

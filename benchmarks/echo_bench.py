@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import shlex
 import statistics
 import subprocess
 import sys
@@ -283,8 +284,33 @@ def calibration() -> float:
 
 
 def bench_capacity(codecs: list[str], levels: list[int], seconds: float,
-                   niceness: int = 0) -> None:
+                   niceness: int = 0, agent_flags: list[str] | None = None,
+                   busy_loop: int | None = None) -> None:
     print("\n### Concurrent real-time calls, server pinned to one core\n")
+    if agent_flags:
+        print(f"Agent flags: `{' '.join(agent_flags)}`.")
+    with busy_loop_beside(busy_loop):
+        capacity_levels(codecs, levels, seconds, niceness, agent_flags or [])
+
+
+@contextmanager
+def busy_loop_beside(niceness: int | None) -> Iterator[None]:
+    """A CPU-bound neighbour for the whole run, unpinned (the kernel moves it between the
+    server's core and the callers'), at `niceness`; None: none."""
+    if niceness is None:
+        yield
+        return
+    print(f"A busy loop (one process, not pinned, nice {niceness}) runs for the whole table.\n")
+    loop = subprocess.Popen(["nice", "-n", str(niceness), sys.executable, "-c", "while True: pass"])
+    try:
+        yield
+    finally:
+        loop.kill()
+        loop.wait()
+
+
+def capacity_levels(codecs: list[str], levels: list[int], seconds: float, niceness: int,
+                    agent_flags: list[str]) -> None:
     print(f"Calibration: frame cost {calibration():.3f} ms per frame per call "
           "(`frame_cost_bench.py`, 1 call). Loop lag: the agent's event-loop lag histogram "
           "during the level (bucket bounds, ms); full GC passes: the agent's generation-2 "
@@ -300,14 +326,15 @@ def bench_capacity(codecs: list[str], levels: list[int], seconds: float,
     for codec in codecs:
         for kind in ("plain", "agent"):
             label = "plain aiortc echo" if kind == "plain" else "agent (echo plugin)"
-            with server(kind, niceness=niceness) as url:
+            extra = agent_flags if kind == "agent" else None
+            with server(kind, extra, niceness=niceness) as url:
                 delay = callers_subprocess(url, 1, 4, codec, False)[0]["delay_ms"] or 300
             best = 0
             for count in levels:
                 # A shared 2-core machine stalls now and then; a level gets a second try so
                 # one stray 70 ms hiccup does not decide it. Both tries are printed.
                 for attempt in (1, 2):
-                    with server(kind, niceness=niceness) as url:
+                    with server(kind, extra, niceness=niceness) as url:
                         pid = SERVER_PIDS[-1]
                         before = scrape(url) if kind == "agent" else []
                         cpu_before, started = cpu_seconds(pid), time.monotonic()
@@ -351,6 +378,11 @@ def main() -> None:
     capacity.add_argument("--server-nice", type=int, default=0,
                           help="run both servers at this niceness (negative: ahead of other "
                           "work on the machine; needs root)")
+    capacity.add_argument("--agent-flags", default="",
+                          help="more flags for the agent's server, e.g. '--opus-complexity 5'")
+    capacity.add_argument("--busy-loop", type=int, default=None, metavar="NICE",
+                          help="run a CPU-bound process beside the servers at this niceness "
+                          "(0: the same priority as the servers) for the whole table")
     cpu = sub.add_parser("cpu")
     cpu.add_argument("--codecs", default="opus,pcmu")
     cpu.add_argument("--calls", type=int, default=6)
@@ -373,7 +405,8 @@ def main() -> None:
         bench_cpu(args.codecs.split(","), args.calls, args.seconds)
     elif args.command == "capacity":
         bench_capacity(args.codecs.split(","), [int(n) for n in args.levels.split(",")],
-                       args.seconds, args.server_nice)
+                       args.seconds, args.server_nice, shlex.split(args.agent_flags),
+                       args.busy_loop)
     else:
         bench_delay(5, 6)
         bench_cpu(["opus", "pcmu"], 6, 10)

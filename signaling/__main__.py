@@ -21,6 +21,7 @@ from agent.cli_errors import exit_with_error
 from agent.media_agent import AgentSettings, MediaAgent
 from agent.rtc_tuning import AUDIO_CODECS
 from agent.call_settings import CallSettings
+from agent.encoding import OPUS_COMPLEXITY, OPUS_COMPLEXITY_RANGE
 from agent.errors import AgentError
 from agent.plugins.base import PluginOptions
 from agent.plugins.registry import available_plugins, load_plugin, plugin_class
@@ -42,6 +43,16 @@ def _codec_list(text: str) -> tuple[str, ...]:
         return parse_codec_list(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _opus_complexity(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value not in OPUS_COMPLEXITY_RANGE:
+        raise argparse.ArgumentTypeError(f"must be a whole number from 0 to 10, not {text!r}")
+    return value
 
 
 # Real-time Opus echo calls one core held with room to spare when last measured (README,
@@ -119,6 +130,12 @@ def build_parser() -> argparse.ArgumentParser:
                        "(aiortc: 4; default 1; 0 releases each packet on arrival and leaves "
                        "jitter to the caller FIFO after decoding; raise it on links that "
                        "reorder packets)")
+    calls.add_argument("--opus-complexity", type=_opus_complexity, default=OPUS_COMPLEXITY,
+                       metavar="0-10",
+                       help="libopus encoder complexity for the agent's outbound audio "
+                       f"(default {OPUS_COMPLEXITY}, libopus's own): lower costs less CPU per "
+                       "call at some loss of quality at the same bitrate; 0 encodes about twice "
+                       "as fast as 10 (benchmarks/opus_complexity_bench.py prints both)")
     calls.add_argument("--codecs", default=",".join(AUDIO_CODECS), type=_codec_list,
                        help="accepted audio codecs in preference order (default opus,PCMU,PCMA)")
     calls.add_argument("--record-dir", default=None, metavar="DIR",
@@ -172,6 +189,7 @@ def settings_from_args(args: argparse.Namespace, workers: int = 1) -> AgentSetti
         ice_servers=ice.ice_servers_from_args(args),
         jitter_prefetch_packets=max(0, args.jitter_buffer),
         codecs=tuple(args.codecs),
+        opus_complexity=args.opus_complexity,
         # Each worker admits its share, so all of them together admit --max-sessions.
         max_calls=-(-total_calls // workers),
         call=CallSettings(

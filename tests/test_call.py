@@ -10,7 +10,7 @@ from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 
 from agent.call_settings import CallSettings
 from agent.media_agent import AgentSettings
-from agent.testing.peer import SignalTrack, run_call
+from agent.testing.peer import PreencodedSignalTrack, SignalTrack, run_call
 from agent.plugins.base import PluginSession
 from agent.plugins.echo import EchoPlugin
 from agent.testing.testsignal import make_test_signal
@@ -32,6 +32,24 @@ async def test_caller_gets_its_test_signal_back(echo_agent: RunningAgent, codec:
     assert report.max_gap_ms < 250, f"gaps: {report.gaps}, max {report.max_gap_ms} ms"
     assert report.seconds_received >= 3.5
     assert report.events[0] == "session.created"
+    await wait_until(lambda: all_freed(echo_agent))
+
+
+async def test_a_load_generating_caller_judges_the_echo_after_the_call(
+        echo_agent: RunningAgent) -> None:
+    # The capacity benchmarks' callers: pre-encoded signal out, packets kept and decoded after
+    # the call. A server that sent nothing, or silence, must still read as such.
+    signal = make_test_signal(4.0)
+    payloads = PreencodedSignalTrack.encode(signal, "opus")
+    echoed, _, _ = await run_call(echo_agent.url, signal=signal, seconds=3.0, preencoded=payloads)
+    assert echoed.ok, echoed.error
+    assert echoed.seconds_received >= 2.5
+    assert echoed.loud_fraction is not None and echoed.loud_fraction >= 0.95
+    assert echoed.max_gap_ms < 250
+    silent = PreencodedSignalTrack.encode(signal * 0.0, "opus")
+    quiet, _, _ = await run_call(echo_agent.url, signal=signal, seconds=2.0, preencoded=silent)
+    assert quiet.ok and quiet.seconds_received >= 1.5
+    assert quiet.loud_fraction is None  # nothing loud came back
     await wait_until(lambda: all_freed(echo_agent))
 
 

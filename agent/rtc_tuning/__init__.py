@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import threading
 from fractions import Fraction
-from typing import Any
+from typing import Any, TypeVar
 
 import av
 
@@ -142,35 +142,41 @@ class InlineAudioDecoding:
         if item is None:
             self._stopped.set()
             return
-        codec, encoded_frame = item
+        queue = self._receiver._track._queue  # type: ignore[union-attr]
+        for frame in self.decode(*item):
+            queue.put_nowait(frame)
+
+    def decode(self, codec: RTCRtpCodecParameters, encoded_frame: JitterFrame
+               ) -> list[av.AudioFrame]:
         if codec.name != self._codec_name:
             self._decoder = (MonoOpusDecoder() if self._channels == 1 and is_opus(codec)
                              else get_decoder(codec))
             self._codec_name = codec.name
         try:
-            frames = self._decoder.decode(encoded_frame)
+            return self._decoder.decode(encoded_frame)
         except av.FFmpegError:
             self.decode_errors += 1  # keep the decoder state, as aiortc does
-            return
-        queue = self._receiver._track._queue  # type: ignore[union-attr]
-        for frame in frames:
-            queue.put_nowait(frame)
+            return []
 
     def get(self) -> None:
         self._stopped.wait()
         return None
 
 
-def decode_audio_inline(receiver: RTCRtpReceiver, channels: int = 2
-                        ) -> InlineAudioDecoding | None:
-    """Install `InlineAudioDecoding` on a receiver that has not started yet (None: aiortc's
-    internals changed and decoding stays on its thread). With `channels=1` Opus is decoded
-    to mono by libopus itself."""
+DecodingT = TypeVar("DecodingT", bound=InlineAudioDecoding)
+
+
+def decode_audio_inline(receiver: RTCRtpReceiver, channels: int = 2,
+                        kind: type[DecodingT] = InlineAudioDecoding,  # type: ignore[assignment]
+                        ) -> DecodingT | None:
+    """Install `InlineAudioDecoding` (or a subclass, `kind`) on a receiver that has not started
+    yet (None: aiortc's internals changed and decoding stays on its thread). With `channels=1`
+    Opus is decoded to mono by libopus itself."""
     attribute = "_RTCRtpReceiver__decoder_queue"
     if not hasattr(receiver, attribute) or getattr(receiver, "_track", None) is None:
         log.warning("aiortc internals changed: decoding stays on aiortc's thread")
         return None
-    decoding = InlineAudioDecoding(receiver, channels)
+    decoding = kind(receiver, channels)
     setattr(receiver, attribute, decoding)
     return decoding
 

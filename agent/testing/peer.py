@@ -23,7 +23,11 @@ from urllib.parse import urlparse
 import aiohttp
 import av
 import numpy as np
-from aiortc import RTCConfiguration, RTCPeerConnection, RTCRtpSender, RTCSessionDescription
+from aiortc import (
+    RTCConfiguration, RTCPeerConnection, RTCRtpReceiver, RTCRtpSender, RTCSessionDescription,
+)
+from aiortc.jitterbuffer import JitterFrame
+from aiortc.rtcrtpparameters import RTCRtpCodecParameters
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
 from ..cli_errors import CliError, exit_with_error
@@ -31,7 +35,10 @@ from ..clock import MonotonicClock
 from ..encoding import PTIME, InlineAudioEncoder
 from ..outbound import float_to_s16
 from ..pacer import Pacer
-from ..rtc_tuning import accept_rsa_dtls_peers, limit_host_addresses, negotiated_codecs
+from ..rtc_tuning import (
+    InlineAudioDecoding, accept_rsa_dtls_peers, decode_audio_inline, limit_host_addresses,
+    negotiated_codecs,
+)
 from .testsignal import make_test_signal, measure_echo
 
 PEER_RATE = 48000
@@ -124,8 +131,8 @@ class Recording:
         default_factory=lambda: av.AudioResampler(format="flt", layout="mono", rate=PEER_RATE)
     )
 
-    def add(self, frame: av.AudioFrame) -> None:
-        now = time.monotonic()
+    def add(self, frame: av.AudioFrame, arrived: float | None = None) -> None:
+        now = time.monotonic() if arrived is None else arrived
         if self.first_at is None:
             self.first_at = now
         self.arrivals.append(now)
@@ -168,6 +175,33 @@ class Recording:
         start = self.arrivals[0] + skip_seconds
         times = [t for t in self.arrivals if t >= start]
         return [b - a for a, b in zip(times, times[1:]) if b - a > GAP_SECONDS]
+
+
+class DeferredDecoding(InlineAudioDecoding):
+    """A load-generating caller's receive path: notes each packet and when it arrived, and
+    decodes them all after the call.
+
+    A caller that decodes as it goes (on aiortc's decoder thread, a GIL hand-off per packet)
+    runs out of CPU at fewer calls than the server under test: the capacity benchmarks then
+    measure their own callers. The judgment (gaps, audio received, signal echoed) is the same,
+    on the same decoded audio, with arrival taken as the packet leaves the jitter buffer.
+    """
+
+    def __init__(self, receiver: RTCRtpReceiver, channels: int = 2) -> None:
+        super().__init__(receiver, channels)
+        self.packets: list[tuple[float, RTCRtpCodecParameters, JitterFrame]] = []
+
+    def put(self, item: tuple[RTCRtpCodecParameters, JitterFrame] | None) -> None:
+        if item is None:
+            super().put(None)  # ends the track as usual
+            return
+        self.packets.append((time.monotonic(), *item))
+
+    def replay(self, recording: Recording) -> None:
+        for arrived, codec, encoded_frame in self.packets:
+            for frame in self.decode(codec, encoded_frame):
+                recording.add(frame, arrived)
+        self.packets.clear()
 
 
 @dataclass
@@ -294,8 +328,16 @@ async def run_call(
         elif pc.connectionState in ("failed", "closed"):
             ended.set()
 
+    deferred: list[DeferredDecoding] = []
+
     @pc.on("track")
     def on_track(track: MediaStreamTrack) -> None:
+        if not recording.keep_audio:
+            receiver = next(t.receiver for t in pc.getTransceivers() if t.receiver.track is track)
+            decoding = decode_audio_inline(receiver, 1, DeferredDecoding)
+            if decoding is not None:
+                deferred.append(decoding)
+
         async def record() -> None:
             while True:
                 try:
@@ -357,6 +399,8 @@ async def run_call(
             await asyncio.wait_for(pc.close(), 5)
         except Exception:
             pass
+    for decoding in deferred:
+        decoding.replay(recording)
     received = recording.samples()
     report.seconds_sent = round(source.position / PEER_RATE, 3)
     report.seconds_received = round(recording.seconds, 3)
