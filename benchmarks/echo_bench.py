@@ -11,7 +11,8 @@ second exceeded 60 ms, each call received >= 99% of what could come back (the se
 sent minus the echo delay), and >= 99% of the 20 ms frames of the echo carried the signal
 (not silence filled in by a server that fell behind); a failing level is tried once more.
 Each capacity level also prints the server's CPU (its core's share while every call was live,
-and over the whole level), the
+and over the whole level), the callers' process's share of its core (near 100 % the rig
+itself, not the server, limits the level), the
 agent's event-loop lag from its /metrics, and why a failing level failed; the table starts
 with the frame-cost calibration so figures from different days can be compared.
 Prints markdown tables.
@@ -82,18 +83,27 @@ async def run_callers(url: str, count: int, seconds: float, codec: str,
 
 
 def callers_subprocess(url: str, count: int, seconds: float, codec: str,
-                       preencode: bool, core: str | None = "1") -> list[dict[str, Any]]:
-    """`count` calls from one caller process (pinned to `core`; None: anywhere)."""
+                       preencode: bool, core: str | None = "1",
+                       on_start: Callable[[int], None] | None = None) -> list[dict[str, Any]]:
+    """`count` calls from one caller process (pinned to `core`; None: anywhere); `on_start`
+    gets its pid (to watch its CPU)."""
     pin = taskset(core) if core is not None else []
     command = pin + [sys.executable, __file__, "callers", "--url", url, "--n",
                      str(count), "--seconds", str(seconds), "--codec", codec]
     if preencode:
         command.append("--preencode")
-    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True,
-                            timeout=seconds * 3 + 60)
-    if result.returncode != 0:
-        raise RuntimeError(result.stderr[-2000:])
-    return json.loads(result.stdout)
+    with subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True) as process:
+        if on_start is not None:
+            on_start(process.pid)  # taskset execs the caller: the same pid
+        try:
+            out, err = process.communicate(timeout=seconds * 3 + 60)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            raise
+    if process.returncode != 0:
+        raise RuntimeError(err[-2000:])
+    return json.loads(out)
 
 
 STAGGER_S = 0.15  # run_callers starts call i at i * STAGGER_S
@@ -118,9 +128,12 @@ class LiveWindowCpu:
 
     def _sample(self) -> None:
         time.sleep(self.start)
-        before, began = self._cpu(), time.monotonic()
-        time.sleep(self.end - self.start)
-        self.share = (self._cpu() - before) / (time.monotonic() - began)
+        try:
+            before, began = self._cpu(), time.monotonic()
+            time.sleep(self.end - self.start)
+            self.share = (self._cpu() - before) / (time.monotonic() - began)
+        except OSError:  # the process ended early (a failed level): no figure
+            self.share = None
 
     def result(self) -> float | None:
         if self._thread.ident is not None:  # started: the window fits in the level
@@ -339,7 +352,11 @@ def capacity_levels(codecs: list[str], levels: list[int], seconds: float, nicene
                         before = scrape(url) if kind == "agent" else []
                         cpu_before, started = cpu_seconds(pid), time.monotonic()
                         live = LiveWindowCpu(lambda: cpu_seconds(pid), count, seconds)
-                        reports = callers_subprocess(url, count, seconds, codec, True)
+                        callers_live: list[LiveWindowCpu] = []
+                        reports = callers_subprocess(
+                            url, count, seconds, codec, True,
+                            on_start=lambda caller: callers_live.append(LiveWindowCpu(
+                                lambda: cpu_seconds(caller), count, seconds)))
                         average = (cpu_seconds(pid) - cpu_before) / (time.monotonic() - started)
                         live_share = live.result()
                         busy = live_share if live_share is not None else average
@@ -348,6 +365,10 @@ def capacity_levels(codecs: list[str], levels: list[int], seconds: float, nicene
                     ok, detail = level_passes(reports, delay / 1000)
                     if holes is not None:
                         detail += f", holes sent {holes:.0f}"
+                    callers_share = callers_live[0].result() if callers_live else None
+                    if callers_share is not None:
+                        # one core's worth of callers is this rig's own ceiling
+                        detail += f", callers {callers_share * 100:.0f} % of their core"
                     if not ok:
                         detail += "; " + failure_cause(busy, holes, detail)
                     live_text = "-" if live_share is None else f"{live_share * 100:.0f} %"
