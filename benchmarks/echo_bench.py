@@ -298,23 +298,32 @@ def calibration() -> float:
 
 def bench_capacity(codecs: list[str], levels: list[int], seconds: float,
                    niceness: int = 0, agent_flags: list[str] | None = None,
-                   busy_loop: int | None = None) -> None:
+                   busy_loop: int | None = None, busy_loop_on: str = "any") -> None:
     print("\n### Concurrent real-time calls, server pinned to one core\n")
     if agent_flags:
         print(f"Agent flags: `{' '.join(agent_flags)}`.")
-    with busy_loop_beside(busy_loop):
+    with busy_loop_beside(busy_loop, busy_loop_on):
         capacity_levels(codecs, levels, seconds, niceness, agent_flags or [])
 
 
+BUSY_LOOP_CORES = {"any": None, "server": "0", "callers": "1"}
+
+
 @contextmanager
-def busy_loop_beside(niceness: int | None) -> Iterator[None]:
-    """A CPU-bound neighbour for the whole run, unpinned (the kernel moves it between the
-    server's core and the callers'), at `niceness`; None: none."""
+def busy_loop_beside(niceness: int | None, where: str = "any") -> Iterator[None]:
+    """A CPU-bound neighbour for the whole run at `niceness` (None: none), on the server's
+    core, the callers' or not pinned (`any`: the kernel puts it where there is room, mostly
+    beside the callers)."""
     if niceness is None:
         yield
         return
-    print(f"A busy loop (one process, not pinned, nice {niceness}) runs for the whole table.\n")
-    loop = subprocess.Popen(["nice", "-n", str(niceness), sys.executable, "-c", "while True: pass"])
+    core = BUSY_LOOP_CORES[where]
+    pin = taskset(core) if core is not None else []
+    placed = "not pinned" if core is None else f"on the {where}' core ({core})".replace(
+        "server'", "server's")
+    print(f"A busy loop (one process, {placed}, nice {niceness}) runs for the whole table.\n")
+    loop = subprocess.Popen(pin + ["nice", "-n", str(niceness), sys.executable, "-c",
+                                   "while True: pass"])
     try:
         yield
     finally:
@@ -404,6 +413,9 @@ def main() -> None:
     capacity.add_argument("--busy-loop", type=int, default=None, metavar="NICE",
                           help="run a CPU-bound process beside the servers at this niceness "
                           "(0: the same priority as the servers) for the whole table")
+    capacity.add_argument("--busy-loop-on", choices=sorted(BUSY_LOOP_CORES), default="any",
+                          help="pin the busy loop to the server's core, the callers' or "
+                          "neither (default any)")
     cpu = sub.add_parser("cpu")
     cpu.add_argument("--codecs", default="opus,pcmu")
     cpu.add_argument("--calls", type=int, default=6)
@@ -427,7 +439,7 @@ def main() -> None:
     elif args.command == "capacity":
         bench_capacity(args.codecs.split(","), [int(n) for n in args.levels.split(",")],
                        args.seconds, args.server_nice, shlex.split(args.agent_flags),
-                       args.busy_loop)
+                       args.busy_loop, args.busy_loop_on)
     else:
         bench_delay(5, 6)
         bench_cpu(["opus", "pcmu"], 6, 10)
