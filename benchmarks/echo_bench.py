@@ -84,10 +84,13 @@ async def run_callers(url: str, count: int, seconds: float, codec: str,
 
 def callers_subprocess(url: str, count: int, seconds: float, codec: str,
                        preencode: bool, core: str | None = "1",
-                       on_start: Callable[[int], None] | None = None) -> list[dict[str, Any]]:
-    """`count` calls from one caller process (pinned to `core`; None: anywhere); `on_start`
-    gets its pid (to watch its CPU)."""
+                       on_start: Callable[[int], None] | None = None,
+                       niceness: int = 0) -> list[dict[str, Any]]:
+    """`count` calls from one caller process (pinned to `core`; None: anywhere; at
+    `niceness`); `on_start` gets its pid (to watch its CPU)."""
     pin = taskset(core) if core is not None else []
+    if niceness:
+        pin += ["nice", "-n", str(niceness)]
     command = pin + [sys.executable, __file__, "callers", "--url", url, "--n",
                      str(count), "--seconds", str(seconds), "--codec", codec]
     if preencode:

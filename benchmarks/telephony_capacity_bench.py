@@ -269,9 +269,12 @@ async def run_rtp_clients(url: str, count: int, seconds: float) -> list[dict[str
 
 
 def clients_subprocess(kind: str, url: str, count: int, seconds: float,
-                       core: str | None = "1") -> list[dict[str, Any]]:
-    """`count` sessions from one client process (pinned to `core`; None: anywhere)."""
+                       core: str | None = "1", niceness: int = 0) -> list[dict[str, Any]]:
+    """`count` sessions from one client process (pinned to `core`; None: anywhere; at
+    `niceness`)."""
     pin = taskset(core) if core is not None else []
+    if niceness:
+        pin += ["nice", "-n", str(niceness)]
     command = pin + [sys.executable, __file__, "clients", "--kind", kind, "--url", url,
                               "--n", str(count), "--seconds", str(seconds)]
     try:

@@ -54,15 +54,18 @@ def agent(workers: int) -> Iterator[tuple[str, int]]:
             process.kill()
 
 
+CALLERS_NICE = [0]  # --callers-nice
+
+
 def webrtc_level(url: str, count: int, seconds: float, delay_s: float
                  ) -> tuple[bool, str]:
-    return level_passes(callers_subprocess(url, count, seconds, "opus", True, core=None),
-                        delay_s)
+    return level_passes(callers_subprocess(url, count, seconds, "opus", True, core=None,
+                                           niceness=CALLERS_NICE[0]), delay_s)
 
 
 def rtp_level(url: str, count: int, seconds: float, delay_s: float) -> tuple[bool, str]:
-    return telephony.level_passes(
-        telephony.clients_subprocess("rtp", url, count, seconds, core=None))
+    return telephony.level_passes(telephony.clients_subprocess(
+        "rtp", url, count, seconds, core=None, niceness=CALLERS_NICE[0]))
 
 
 def main() -> None:
@@ -72,9 +75,14 @@ def main() -> None:
     parser.add_argument("--workers", default="1,2")
     parser.add_argument("--levels", default="8,16,24,32,40,48,56,64")
     parser.add_argument("--seconds", type=float, default=10)
+    parser.add_argument("--callers-nice", type=int, default=0, metavar="N",
+                        help="run the caller process at this niceness in every run (negative: "
+                        "the measuring callers ahead of the server's workers; needs root)")
     args = parser.parse_args()
+    CALLERS_NICE[0] = args.callers_nice
     print(f"\nCalibration: frame cost {calibration():.3f} ms per frame per call "
-          f"(`frame_cost_bench.py`, 1 call). Callers: {args.transport}.\n")
+          f"(`frame_cost_bench.py`, 1 call). Callers: {args.transport}, nice "
+          f"{args.callers_nice}.\n")
     print("| workers | calls | result | server cores live (avg) | caller cores (avg) | detail |")
     print("|---|---|---|---|---|---|")
     run_level: LevelRunner = webrtc_level if args.transport == "webrtc" else rtp_level
