@@ -189,8 +189,9 @@ class DeferredDecoding(InlineAudioDecoding):
 
     def __init__(self, receiver: RTCRtpReceiver, channels: int = 2) -> None:
         super().__init__(receiver, channels)
-        # Flat lists of bytes and numbers: the cyclic GC does not track them, where a million
-        # kept packet objects made the callers' full collections stall their loop for 60+ ms.
+        # Flat lists of bytes and numbers, which the cyclic GC does not track: a level's worth
+        # of kept packet objects (50 a second per call) would lengthen every full collection
+        # of the callers' loop.
         self.arrivals: list[float] = []
         self.payloads: list[bytes] = []
         self.timestamps: list[int] = []
