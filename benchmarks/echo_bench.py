@@ -36,7 +36,7 @@ from typing import Any, Iterator
 
 from prometheus_client.metrics_core import Metric
 
-from harness import ROOT, agent_command, cpu_seconds, free_port, server_on_core0, taskset
+from harness import ROOT, agent_command, cpu_seconds, free_port, placed, server_on_core0
 
 GAP_LIMIT_MS = 60.0
 
@@ -55,9 +55,7 @@ def server(kind: str, extra: list[str] | None = None, niceness: int = 0) -> Iter
                                 "--max-unauthenticated-per-address", "0", *(extra or []))
     else:
         command = [sys.executable, "benchmarks/plain_aiortc_echo.py", "--port", str(port)]
-    if niceness:
-        command = ["nice", "-n", str(niceness), *command]
-    with server_on_core0(command, port) as pid:
+    with server_on_core0(placed(niceness=niceness) + command, port) as pid:
         SERVER_PIDS.append(pid)
         yield f"http://127.0.0.1:{port}"
 
@@ -88,17 +86,15 @@ def callers_subprocess(url: str, count: int, seconds: float, codec: str,
                        niceness: int = 0) -> list[dict[str, Any]]:
     """`count` calls from one caller process (pinned to `core`; None: anywhere; at
     `niceness`); `on_start` gets its pid (to watch its CPU)."""
-    pin = taskset(core) if core is not None else []
-    if niceness:
-        pin += ["nice", "-n", str(niceness)]
-    command = pin + [sys.executable, __file__, "callers", "--url", url, "--n",
-                     str(count), "--seconds", str(seconds), "--codec", codec]
+    command = placed(core, niceness) + [sys.executable, __file__, "callers", "--url", url,
+                                        "--n", str(count), "--seconds", str(seconds),
+                                        "--codec", codec]
     if preencode:
         command.append("--preencode")
     with subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                           text=True) as process:
         if on_start is not None:
-            on_start(process.pid)  # taskset execs the caller: the same pid
+            on_start(process.pid)  # taskset and nice exec the caller: the same pid
         try:
             out, err = process.communicate(timeout=seconds * 3 + 60)
         except subprocess.TimeoutExpired:
@@ -309,7 +305,9 @@ def bench_capacity(codecs: list[str], levels: list[int], seconds: float,
         capacity_levels(codecs, levels, seconds, niceness, agent_flags or [])
 
 
-BUSY_LOOP_CORES = {"any": None, "server": "0", "callers": "1"}
+# --busy-loop-on → (core, how the table names it)
+BUSY_LOOP_CORES = {"any": (None, "not pinned"), "server": ("0", "on the server's core (0)"),
+                   "callers": ("1", "on the callers' core (1)")}
 
 
 @contextmanager
@@ -320,13 +318,10 @@ def busy_loop_beside(niceness: int | None, where: str = "any") -> Iterator[None]
     if niceness is None:
         yield
         return
-    core = BUSY_LOOP_CORES[where]
-    pin = taskset(core) if core is not None else []
-    placed = "not pinned" if core is None else f"on the {where}' core ({core})".replace(
-        "server'", "server's")
-    print(f"A busy loop (one process, {placed}, nice {niceness}) runs for the whole table.\n")
-    loop = subprocess.Popen(pin + ["nice", "-n", str(niceness), sys.executable, "-c",
-                                   "while True: pass"])
+    core, description = BUSY_LOOP_CORES[where]
+    print(f"A busy loop (one process, {description}, nice {niceness}) runs for the whole "
+          "table.\n")
+    loop = subprocess.Popen(placed(core, niceness) + [sys.executable, "-c", "while True: pass"])
     try:
         yield
     finally:

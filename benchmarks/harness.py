@@ -48,6 +48,12 @@ def taskset(core: str) -> list[str]:
     return ["taskset", "-c", core] if (os.cpu_count() or 1) > 1 else []
 
 
+def placed(core: str | None = None, niceness: int = 0) -> list[str]:
+    """Prefix that runs a command pinned to `core` (None: anywhere) at `niceness`."""
+    pin = taskset(core) if core is not None else []
+    return pin + (["nice", "-n", str(niceness)] if niceness else [])
+
+
 def cpu_seconds(pid: int) -> float:
     """User + system CPU time of a process and all its threads, from /proc."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()

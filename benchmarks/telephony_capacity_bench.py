@@ -28,7 +28,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
-from harness import ROOT, agent_command, cpu_seconds, free_port, server_on_core0, taskset
+from harness import ROOT, agent_command, cpu_seconds, free_port, placed, server_on_core0
 
 sys.path.insert(0, str(ROOT))
 
@@ -272,11 +272,9 @@ def clients_subprocess(kind: str, url: str, count: int, seconds: float,
                        core: str | None = "1", niceness: int = 0) -> list[dict[str, Any]]:
     """`count` sessions from one client process (pinned to `core`; None: anywhere; at
     `niceness`)."""
-    pin = taskset(core) if core is not None else []
-    if niceness:
-        pin += ["nice", "-n", str(niceness)]
-    command = pin + [sys.executable, __file__, "clients", "--kind", kind, "--url", url,
-                              "--n", str(count), "--seconds", str(seconds)]
+    command = placed(core, niceness) + [sys.executable, __file__, "clients", "--kind", kind,
+                                        "--url", url, "--n", str(count), "--seconds",
+                                        str(seconds)]
     try:
         result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True,
                                 timeout=seconds * 3 + 90)

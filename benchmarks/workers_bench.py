@@ -22,6 +22,7 @@ import subprocess
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from functools import partial
 
 import telephony_capacity_bench as telephony
 from echo_bench import LiveWindowCpu, calibration, callers_subprocess, level_passes
@@ -54,18 +55,16 @@ def agent(workers: int) -> Iterator[tuple[str, int]]:
             process.kill()
 
 
-CALLERS_NICE = [0]  # --callers-nice
-
-
-def webrtc_level(url: str, count: int, seconds: float, delay_s: float
+def webrtc_level(url: str, count: int, seconds: float, delay_s: float, niceness: int = 0
                  ) -> tuple[bool, str]:
     return level_passes(callers_subprocess(url, count, seconds, "opus", True, core=None,
-                                           niceness=CALLERS_NICE[0]), delay_s)
+                                           niceness=niceness), delay_s)
 
 
-def rtp_level(url: str, count: int, seconds: float, delay_s: float) -> tuple[bool, str]:
+def rtp_level(url: str, count: int, seconds: float, delay_s: float, niceness: int = 0
+              ) -> tuple[bool, str]:
     return telephony.level_passes(telephony.clients_subprocess(
-        "rtp", url, count, seconds, core=None, niceness=CALLERS_NICE[0]))
+        "rtp", url, count, seconds, core=None, niceness=niceness))
 
 
 def main() -> None:
@@ -79,13 +78,13 @@ def main() -> None:
                         help="run the caller process at this niceness in every run (negative: "
                         "the measuring callers ahead of the server's workers; needs root)")
     args = parser.parse_args()
-    CALLERS_NICE[0] = args.callers_nice
     print(f"\nCalibration: frame cost {calibration():.3f} ms per frame per call "
           f"(`frame_cost_bench.py`, 1 call). Callers: {args.transport}, nice "
           f"{args.callers_nice}.\n")
     print("| workers | calls | result | server cores live (avg) | caller cores (avg) | detail |")
     print("|---|---|---|---|---|---|")
-    run_level: LevelRunner = webrtc_level if args.transport == "webrtc" else rtp_level
+    run_level: LevelRunner = partial(webrtc_level if args.transport == "webrtc" else rtp_level,
+                                     niceness=args.callers_nice)
     for workers in [int(n) for n in args.workers.split(",")]:
         delay_s = 0.3
         if args.transport == "webrtc":
