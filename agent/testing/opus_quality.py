@@ -3,29 +3,22 @@ tests and `benchmarks/opus_complexity_bench.py`."""
 
 from __future__ import annotations
 
-import wave
-from fractions import Fraction
 from pathlib import Path
 
-import av
 import numpy as np
+from aiortc.jitterbuffer import JitterFrame
 
 from ..encoding import PTIME, InlineAudioEncoder
+from ..outbound import float_to_s16
+from ..rtc_tuning import MonoOpusDecoder
+from .peer import load_wav
 
 MAX_DELAY_S = 0.01  # Opus's look-ahead delays the decoded speech by 2.5 ms here
 
 
 def read_wav_at(path: Path, rate: int) -> np.ndarray:
-    """A mono 16-bit WAV as int16 samples at `rate`, cut to whole 20 ms chunks."""
-    with wave.open(str(path)) as wav:
-        source = np.frombuffer(wav.readframes(wav.getnframes()), dtype=np.int16)
-        source_rate = wav.getframerate()
-    frame = av.AudioFrame.from_ndarray(source.reshape(1, -1), format="s16", layout="mono")
-    frame.sample_rate = source_rate
-    resampler = av.AudioResampler(format="s16", layout="mono", rate=rate)
-    chunks = [out.to_ndarray().reshape(-1) for out in resampler.resample(frame)]
-    chunks += [out.to_ndarray().reshape(-1) for out in resampler.resample(None)]
-    samples = np.concatenate(chunks)
+    """A WAV as mono int16 samples at `rate`, cut to whole 20 ms chunks."""
+    samples = float_to_s16(load_wav(str(path), rate))
     chunk = int(rate * PTIME)
     return samples[: len(samples) // chunk * chunk]
 
@@ -38,15 +31,15 @@ def encode_opus(samples: np.ndarray, rate: int, complexity: int) -> list[bytes]:
 
 
 def decode_opus_at_24k(payloads: list[bytes]) -> np.ndarray:
-    decoder = av.CodecContext.create("libopus", "r")
-    decoder.sample_rate, decoder.format, decoder.layout = 48000, "s16", "mono"
-    out = []
-    for index, payload in enumerate(payloads):
-        packet = av.Packet(payload)
-        packet.pts, packet.time_base = index * 960, Fraction(1, 48000)
-        out += [frame.to_ndarray().reshape(-1) for frame in decoder.decode(packet)]
-    # FFmpeg's libopus decoder answers 48 kHz whatever it is asked; speech has nothing above
-    # 8 kHz, so every other sample is the 24 kHz signal.
+    """Through the agent's own inbound decoder, which answers 48 kHz (FFmpeg's libopus
+    decoder always does); speech has nothing above 8 kHz, so every other sample is the
+    24 kHz signal."""
+    decoder = MonoOpusDecoder()
+    samples_per_payload = int(decoder.RATE * PTIME)
+    out = [frame.to_ndarray().reshape(-1)
+           for index, payload in enumerate(payloads)
+           for frame in decoder.decode(JitterFrame(data=payload,
+                                                   timestamp=index * samples_per_payload))]
     return np.concatenate(out).astype(np.float64)[::2]
 
 

@@ -189,36 +189,30 @@ class DeferredDecoding(InlineAudioDecoding):
 
     def __init__(self, receiver: RTCRtpReceiver, channels: int = 2) -> None:
         super().__init__(receiver, channels)
-        # Flat lists of bytes and numbers, which the cyclic GC does not track: a level's worth
-        # of kept packet objects (50 a second per call) would lengthen every full collection
-        # of the callers' loop.
+        # Parallel flat lists, not a tuple or packet object per packet: a level's worth of
+        # such objects (50 a second per call) would each be walked by every full collection
+        # of the callers' loop, where bytes and numbers are not tracked at all.
         self.arrivals: list[float] = []
+        self.codecs: list[RTCRtpCodecParameters] = []
         self.payloads: list[bytes] = []
         self.timestamps: list[int] = []
-        self.codec_changes: list[tuple[int, RTCRtpCodecParameters]] = []
 
     def put(self, item: tuple[RTCRtpCodecParameters, JitterFrame] | None) -> None:
         if item is None:
             super().put(None)  # ends the track as usual
             return
         codec, encoded_frame = item
-        if not self.codec_changes or self.codec_changes[-1][1] is not codec:
-            self.codec_changes.append((len(self.payloads), codec))
         self.arrivals.append(time.monotonic())
+        self.codecs.append(codec)
         self.payloads.append(encoded_frame.data)
         self.timestamps.append(encoded_frame.timestamp)
 
     def replay(self, recording: Recording) -> None:
-        changes = iter(self.codec_changes + [(len(self.payloads), None)])
-        start, codec = next(changes)
-        for end, next_codec in changes:
-            for index in range(start, end):
-                encoded_frame = JitterFrame(data=self.payloads[index],
-                                            timestamp=self.timestamps[index])
-                for frame in self.decode(codec, encoded_frame):
-                    recording.add(frame, self.arrivals[index])
-            start, codec = end, next_codec
-        self.arrivals, self.payloads, self.timestamps = [], [], []
+        for arrived, codec, payload, timestamp in zip(self.arrivals, self.codecs,
+                                                      self.payloads, self.timestamps):
+            for frame in self.decode(codec, JitterFrame(data=payload, timestamp=timestamp)):
+                recording.add(frame, arrived)
+        self.arrivals, self.codecs, self.payloads, self.timestamps = [], [], [], []
 
 
 @dataclass
@@ -246,9 +240,9 @@ class CallReport:
         return self.connected and self.error is None and self.seconds_received > 0
 
 
-def load_wav(path: str) -> np.ndarray:
-    """Any WAV → float32 mono at 48 kHz (PyAV reads and resamples it)."""
-    resampler = av.AudioResampler(format="flt", layout="mono", rate=PEER_RATE)
+def load_wav(path: str, rate: int = PEER_RATE) -> np.ndarray:
+    """Any WAV → float32 mono at `rate` (PyAV reads and resamples it)."""
+    resampler = av.AudioResampler(format="flt", layout="mono", rate=rate)
     parts = []
     with av.open(path) as container:
         for frame in container.decode(audio=0):
