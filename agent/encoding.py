@@ -23,6 +23,9 @@ OPUS_BITRATE = 48_000
 OPUS_COMPLEXITY = 10
 OPUS_COMPLEXITY_RANGE = range(0, 11)
 
+# Opus's RTP clock runs at 48 kHz whatever rate it encodes (RFC 7587).
+OPUS_RTP_CLOCK = 48000
+
 # mime subtype (lowercase) → (ffmpeg encoder, encoder sample rate)
 _CODECS: dict[str, tuple[str, int | None]] = {
     "opus": ("libopus", None),  # None: encode at the track's own rate
@@ -66,8 +69,12 @@ class InlineAudioEncoder:
         )
         self._source_rate = sample_rate
         self._pending: deque[bytes] = deque()
+        # Packets are stamped in the RTP clock's own units, so aiortc's packer takes the pts
+        # as it is instead of converting it through Fractions for every packet.
+        clock_rate = OPUS_RTP_CLOCK if encoder_name == "libopus" else self.rate
+        self._time_base = Fraction(1, clock_rate)
+        self._ticks_per_packet = self.samples_per_packet * clock_rate // self.rate
         self._timestamp = 0
-        self._time_base = Fraction(1, self.rate)
         if self._resampler is not None:
             # The resampler's filter delay makes the first frame yield nothing; prime it so
             # every later frame yields exactly one packet.
@@ -81,7 +88,7 @@ class InlineAudioEncoder:
         packet = av.Packet(payload)
         packet.pts = self._timestamp
         packet.time_base = self._time_base
-        self._timestamp += self.samples_per_packet
+        self._timestamp += self._ticks_per_packet
         return packet
 
     def _encode_raw(self, samples: np.ndarray) -> None:

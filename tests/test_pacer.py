@@ -1,6 +1,8 @@
 from __future__ import annotations
 
 import numpy as np
+from aiortc.codecs.g711 import PcmuEncoder
+from aiortc.codecs.opus import OpusEncoder
 
 from agent.testing.clock import FakeClock
 from agent.outbound import AgentAudioTrack
@@ -71,7 +73,8 @@ async def test_track_sends_silence_on_underrun_with_continuous_timestamps() -> N
 
 
 async def test_track_inline_encoder_emits_one_packet_per_chunk() -> None:
-    for mime, clock_rate, step in (("audio/opus", 24000, 480), ("audio/PCMU", 8000, 160)):
+    # pts count the RTP clock (48 kHz for Opus at any encoding rate), as aiortc stamps them
+    for mime, clock_rate, step in (("audio/opus", 48000, 960), ("audio/PCMU", 8000, 160)):
         playout = PlayoutBuffer(24000)
         track = AgentAudioTrack(playout, 24000, clock=FakeClock())
         track.use_inline_encoder(mime)
@@ -80,4 +83,7 @@ async def test_track_inline_encoder_emits_one_packet_per_chunk() -> None:
         assert [p.pts for p in packets] == [i * step for i in range(15)]
         assert all(p.size > 0 for p in packets)
         assert packets[0].time_base.denominator == clock_rate
+        # aiortc's packer turns them into the RTP timestamps it would have stamped itself
+        packer = OpusEncoder() if mime == "audio/opus" else PcmuEncoder()
+        assert [packer.pack(p)[1] for p in packets[:3]] == [0, step, 2 * step]
         track.stop()
