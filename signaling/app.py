@@ -22,6 +22,7 @@ log = logging.getLogger(__name__)
 
 WEB_DIR = Path(__file__).resolve().parent.parent / "web"
 MAX_BODY_BYTES = 256 * 1024
+CLIENT_GONE = 499
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -39,6 +40,12 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
             raise
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status, "http_error")
         return json_error(exc.status, code, exc.reason, headers=_allow_header(exc))
+    except ConnectionResetError:
+        # The caller hung up before the answer (a websocket upgrade it gave up on): nothing
+        # can reach it, and nothing here failed. 499 is what access logs call that.
+        log.info("%s %s: the client hung up before the answer", printable(request.method),
+                 printable(request.path))
+        return web.Response(status=CLIENT_GONE)
     except Exception:
         log.exception("unhandled error on %s %s", printable(request.method),
                       printable(request.path))
@@ -96,4 +103,5 @@ def create_app(
     if workers is not None and workers.count > 1:
         worker_routing.install(app, workers)
         worker_relay.install(app)
+
     return app

@@ -408,3 +408,40 @@ async def test_dtmf_flood_is_rate_limited_and_the_stream_goes_on(start_agent: Ag
     assert DTMF_BURST <= len(plugin.digits) < 200 // 2
     assert {e["error"]["code"] for e in bridge.errors} == {"rate_limited"}
     assert bridge.media
+
+
+async def test_a_bridge_that_hangs_up_during_the_upgrade_is_no_server_error(
+        start_agent: AgentFactory, caplog: Any) -> None:
+    """The upgrade request is read, then the connection is reset before the answer: the
+    handler finds nobody to answer, which is the caller's doing, not an unhandled error."""
+    import logging
+    import socket
+    import struct
+
+    running = await start_agent()
+    host, port = running.url.removeprefix("http://").split(":")
+    request = (f"GET {PATH} HTTP/1.1\r\nHost: {host}\r\nConnection: Upgrade\r\n"
+               "Upgrade: websocket\r\nSec-WebSocket-Version: 13\r\n"
+               f"Sec-WebSocket-Key: {base64.b64encode(b'0123456789abcdef').decode()}\r\n\r\n")
+    caplog.set_level(logging.INFO, logger="signaling")
+
+    def hung_up() -> bool:
+        return any("hung up before the answer" in r.getMessage() for r in caplog.records)
+    for _ in range(20):  # whether the reset beats the request to the server is a race
+        _, writer = await asyncio.open_connection(host, int(port))
+        raw = writer.get_extra_info("socket")
+        raw.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        writer.write(request.encode())
+        await writer.drain()
+        writer.transport.abort()  # SO_LINGER 0: a reset, not a goodbye
+        await asyncio.sleep(0.05)
+        if hung_up():
+            break
+    assert hung_up()
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+    await wait_until(lambda: not running.agent.sessions)
+    async with aiohttp.ClientSession() as http:  # and the server goes on
+        bridge = await connect(http, running)
+        await bridge.open()
+        await wait_until(lambda: any(s.slot for s in running.agent.sessions.values()))
+        await bridge.socket.close()
