@@ -13,7 +13,7 @@ from agent.media_agent import MediaAgent
 from agent.errors import AgentError
 
 from . import (drain, health, metrics, offer, realtime, realtime_api, slow_clients, telephony,
-               worker_relay, worker_routing)
+               worker_handoff, worker_relay, worker_routing)
 from .auth import AuthSettings
 from .errors import error_response, json_error
 from .keys import AGENT_KEY
@@ -103,5 +103,5 @@ def create_app(
     if workers is not None and workers.count > 1:
         worker_routing.install(app, workers)
         worker_relay.install(app)
-
+        worker_handoff.install(app)
     return app

@@ -20,6 +20,11 @@ from aiohttp import web
 from aiohttp.web_runner import GracefulExit
 
 
+# Set by whatever must serve connections it did not accept itself (worker_handoff.py):
+# called with the runner's low-level server before the sites start.
+SERVER_HOOK_KEY = web.AppKey("low_level_server_hook", Callable[[web.Server], None])
+
+
 @dataclass(frozen=True)
 class Listeners:
     """Where to serve: `host:port`, or already-bound sockets (a worker's share) plus a
@@ -45,6 +50,9 @@ async def _serve(app: web.Application, listeners: Listeners, tls: ssl.SSLContext
     runner = web.AppRunner(app, handle_signals=True)
     await runner.setup()
     try:
+        server_hook = app.get(SERVER_HOOK_KEY)
+        if server_hook is not None and runner.server is not None:
+            server_hook(runner.server)
         for site in listeners.sites(runner, tls):
             await site.start()
         on_listening()

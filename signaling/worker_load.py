@@ -13,6 +13,7 @@ from __future__ import annotations
 import mmap
 import os
 import struct
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -39,6 +40,9 @@ class WorkerLoads:
         # new calls handed to each worker and not yet answered: its slot counts them only
         # once they arrive there, and a burst would otherwise all go to the same one
         self.handing = [0] * count
+        # connections handed to each worker (worker_handoff.py), which no answer confirms:
+        # (the count its slot must reach to include it, until when to count it here)
+        self._handed: list[list[tuple[int, float]]] = [[] for _ in range(count)]
         self._held = held
 
     def publish(self) -> None:
@@ -47,9 +51,25 @@ class WorkerLoads:
     def loads(self) -> list[int]:
         return [SLOT.unpack_from(self._map, i * SLOT.size)[0] for i in range(self.count)]
 
+    def handed_over(self, index: int, count_for_s: float) -> None:
+        """A connection was handed to worker `index`: count it against that worker until its
+        own slot includes it, or for `count_for_s` at most (its count may fall meanwhile)."""
+        waiting = self._still_handed(index, self.loads()[index])
+        expected = self.loads()[index] + len(waiting) + 1
+        waiting.append((expected, time.monotonic() + count_for_s))
+
+    def _still_handed(self, index: int, slot: int) -> list[tuple[int, float]]:
+        now = time.monotonic()
+        waiting = [(expected, until) for expected, until in self._handed[index]
+                   if expected > slot and until > now]
+        self._handed[index] = waiting
+        return waiting
+
     def lighter_worker(self) -> int | None:
         """The least loaded other worker, where it holds `MARGIN` fewer calls than this one."""
-        loads = [held + handed for held, handed in zip(self.loads(), self.handing)]
+        slots = self.loads()
+        loads = [slot + handing + len(self._still_handed(i, slot))
+                 for i, (slot, handing) in enumerate(zip(slots, self.handing))]
         lightest = min((i for i in range(self.count) if i != self.index),
                        key=loads.__getitem__, default=None)
         if lightest is None or loads[lightest] + MARGIN > loads[self.index]:

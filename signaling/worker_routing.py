@@ -4,7 +4,8 @@ Any worker may accept a connection. A request about a call or RTP leg goes to th
 whose tag its id carries (agent/worker_tag.py), and a request made with an ephemeral secret
 (a new call, the page's /v1/models) goes to the worker that minted the secret;
 the owner handles it as if it had accepted it, auth included, and its answer is relayed
-unchanged. Views of the whole server — `/health`, `/metrics`, `/metrics/calls` — ask every
+unchanged. A new call goes to the least loaded worker: one over HTTP is re-posted there, a
+media-stream websocket is handed there as the connection itself (worker_handoff.py). Views of the whole server — `/health`, `/metrics`, `/metrics/calls` — ask every
 worker and add up what they say; `POST /admin/drain` drains every worker. Workers talk over
 the unix sockets in the worker folder; a request that arrives that way is marked and always
 handled where it lands.
@@ -32,7 +33,7 @@ from .errors import ApiError, error_response
 from .keys import AGENT_KEY
 from .realtime import CALLS_PATH
 from .supervisor import worker_socket_path
-from .telephony import RTP_PATH
+from .telephony import ON_PLACED, RTP_PATH, TELEPHONY_KEY
 from .worker_load import WorkerLoads
 from .worker_views import merge_calls, merge_health, merge_metrics
 
@@ -46,6 +47,21 @@ OWNED_PATHS = (re.compile(rf"^{CALLS_PATH}/([^/]+)(?:/hangup)?$"),
                re.compile(rf"^{RTP_PATH}/([^/]+)$"))
 NEW_CALL_PATHS = frozenset({CALLS_PATH, "/offer"})
 LOAD_REFRESH_S = 0.5
+
+
+@dataclass(frozen=True)
+class Handoff:
+    """Set where connections can be handed to another worker (worker_handoff.py)."""
+
+    # hands this request's connection to worker N; False where it could not
+    hand_over: Callable[[web.Request, int], Awaitable[bool]]
+    # a request handed here is being handled: its new worker counts it as held from now
+    arrived: Callable[[], None]
+    # the request was handed here by another worker
+    was_handed: Callable[[web.Request], bool]
+
+
+HANDOFF_KEY = web.AppKey("worker_handoff", Handoff)
 
 
 @dataclass(frozen=True)
@@ -121,6 +137,56 @@ async def forward(request: web.Request, owner: int) -> web.Response:
         raise ApiError("call_not_found", "no such call (its worker is not running)",
                        param="call_id", status=404) from None
     return web.Response(status=status, headers=headers, body=payload)
+
+
+def is_media_stream(request: web.Request) -> bool:
+    """A new media-stream websocket (an upgrade to the telephony stream path)."""
+    config = request.app.get(TELEPHONY_KEY)
+    if config is None or request.method != "GET":
+        return False
+    path = config.media_stream_path
+    return ((request.path == path or request.path.startswith(path + "/"))
+            and "websocket" in request.headers.get("Upgrade", "").lower())
+
+
+async def hand_to_lighter(request: web.Request) -> bool:
+    """A media stream landed on a worker holding `MARGIN` more calls than another: hand its
+    connection there (True: it is gone from here)."""
+    handoff = request.app.get(HANDOFF_KEY)
+    if handoff is None:
+        return False
+    if handoff.was_handed(request):
+        handoff.arrived()
+        return False  # handed at most once
+    loads = request.app[LOADS_KEY]
+    loads.publish()
+    lighter = loads.lighter_worker()
+    return lighter is not None and await handoff.hand_over(request, lighter)
+
+
+async def handle_media_stream(request: web.Request,
+                              handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+                              ) -> web.StreamResponse:
+    """A media stream kept here counts as arriving until it holds a slot or is relayed (the
+    handler runs the whole call), so the streams of a burst, all read before any is
+    admitted, see each other."""
+    loads = request.app[LOADS_KEY]
+    loads.arriving += 1
+    loads.publish()
+    arriving = True
+
+    def placed() -> None:
+        nonlocal arriving
+        if arriving:
+            arriving = False
+            loads.arriving -= 1  # held from now on (the same count), or relayed elsewhere
+
+    request[ON_PLACED] = placed
+    try:
+        return await handler(request)
+    finally:
+        placed()  # never placed (refused, gone): no longer counted at all
+        loads.publish()
 
 
 def is_new_leg(request: web.Request) -> bool:
@@ -226,6 +292,11 @@ async def worker_routing_middleware(
         await asyncio.gather(*(ask(request, i) for i in group.others()),
                              return_exceptions=True)
         return await handler(request)
+    if is_media_stream(request):
+        if await hand_to_lighter(request):
+            # aiohttp finds the transport closed and writes nothing of this
+            return web.Response(status=204)
+        return await handle_media_stream(request, handler)
     owner = owner_of(request)
     try:
         if owner is None and is_new_leg(request):

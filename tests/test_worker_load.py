@@ -42,3 +42,34 @@ def test_a_lone_worker_never_hands_a_call_on(tmp_path: Path) -> None:
         assert only.lighter_worker() is None
     finally:
         only.close()
+
+
+def test_a_handed_connection_counts_against_its_worker_until_that_one_counts_it(
+        tmp_path: Path) -> None:
+    """No answer says a handed websocket arrived: the handing worker counts it for the
+    other until the other's own slot has grown by it, or for a while at most (a call that
+    ends there meanwhile keeps it counted until then)."""
+    held = [MARGIN + 1, 0]
+    first = WorkerLoads(tmp_path, 0, 2, held=lambda: held[0])
+    second = WorkerLoads(tmp_path, 1, 2, held=lambda: held[1])
+    try:
+        first.publish()
+        second.publish()
+        assert first.lighter_worker() == 1
+        first.handed_over(1, count_for_s=60)
+        first.handed_over(1, count_for_s=60)  # a burst: each counted on top of the last
+        assert first.lighter_worker() is None  # 3 against 0 + 2 on their way
+        held[1] = 1
+        second.publish()  # the first one arrived: 3 against 1 + 1 on its way
+        assert first.lighter_worker() is None
+        held[1] = 2
+        second.publish()
+        held[0] = MARGIN + 2
+        first.publish()
+        assert first.lighter_worker() == 1  # both arrived, each counted once: 4 against 2
+
+        first.handed_over(1, count_for_s=0)  # never confirmed: stops counting in time
+        assert first.lighter_worker() == 1
+    finally:
+        first.close()
+        second.close()

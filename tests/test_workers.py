@@ -404,3 +404,81 @@ async def test_nice_applies_to_every_worker(tmp_path: Path) -> None:
         assert len(pids) == 2
         assert [os.getpriority(os.PRIO_PROCESS, pid) for pid in pids] == [niceness] * 2
         assert os.getpriority(os.PRIO_PROCESS, group.process.pid) == niceness
+
+
+async def open_media_stream(session: aiohttp.ClientSession, index: int, key: str
+                            ) -> aiohttp.ClientWebSocketResponse:
+    """Stream `index`, its credential in the header (even) or the URL (odd)."""
+    import json
+    if index % 2:
+        socket = await session.ws_connect(f"http://worker/v1/telephony/media-stream?token={key}")
+    else:
+        socket = await session.ws_connect("http://worker/v1/telephony/media-stream",
+                                          headers={"Authorization": f"Bearer {key}"})
+    sid = f"MZ{index}"
+    await socket.send_str(json.dumps({"event": "connected", "protocol": "Call"}))
+    await socket.send_str(json.dumps({"event": "start", "streamSid": sid, "start": {
+        "streamSid": sid, "mediaFormat": {"encoding": "audio/x-mulaw", "sampleRate": 8000,
+                                          "channels": 1}}}))
+    return socket
+
+
+async def test_media_streams_accepted_by_one_worker_are_handed_to_the_lighter_one(
+        tmp_path: Path) -> None:
+    async with two_workers(tmp_path / "workers", "--api-key", "sk-handoff-test") as group:
+        await media_streams_handed_over(group, "sk-handoff-test")
+
+
+async def media_streams_handed_over(workers: Workers, key: str) -> None:
+    """Every stream arrives on worker 0 (none is full, so none is relayed); one holding MARGIN
+    more calls than the other hands the connection itself over, and it works there, its
+    credential checked there (in the header or the URL)."""
+    import base64
+    import json
+    import socket as sockets_module
+    import numpy as np
+    from agent.telephony.g711 import mulaw_encode
+    from signaling.worker_handoff import HANDING_S, handoff_socket_path
+    from signaling.worker_load import MARGIN
+
+    # A datagram that carries no connection is dropped, and the worker goes on.
+    with sockets_module.socket(sockets_module.AF_UNIX, sockets_module.SOCK_DGRAM) as junk:
+        junk.sendto(b"GET / HTTP/1.1\r\n\r\n", str(handoff_socket_path(workers.folder, 1)))
+    sockets = []
+    for index in range(8):
+        sockets.append(await open_media_stream(workers.via(0), index, key))
+
+        async def admitted() -> bool:
+            health = await workers.health()
+            return sum(w["legs"].get("media-stream", 0) for w in health["workers"]) == len(sockets)
+        await wait_for_async(admitted, 10)
+        await asyncio.sleep(HANDING_S + 0.1)  # both workers count what they hold
+    health = await workers.health()
+    held = [w["legs"].get("media-stream", 0) for w in health["workers"]]
+    assert sum(held) == 8 and abs(held[0] - held[1]) <= MARGIN, held
+
+    # A handed stream is served in full by its new worker: the agent's audio comes back.
+    last = sockets[-1]
+    tone = (np.sin(2 * np.pi * 440 * np.arange(160) / 8000) * 8000).astype(np.int16)
+    payload = base64.b64encode(mulaw_encode(tone)).decode()
+    received = 0
+
+    async def read() -> None:
+        nonlocal received
+        async for message in last:
+            if json.loads(message.data).get("event") == "media":
+                received += 1
+    reader = asyncio.ensure_future(read())
+    for _ in range(50):
+        for index, socket in enumerate(sockets):
+            await socket.send_str(json.dumps({"event": "media", "streamSid": f"MZ{index}",
+                                              "media": {"payload": payload}}))
+        await asyncio.sleep(0.02)
+    assert received >= 25, received
+    for socket in sockets:
+        await socket.close()
+    await asyncio.wait_for(reader, 10)
+
+    async def freed() -> bool:
+        return (await workers.health())["legs"].get("media-stream", 0) == 0
+    await wait_for_async(freed, 10)
