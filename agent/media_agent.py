@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,6 +25,11 @@ from .sdp import check_offer_sdp
 from .metrics import AgentMetrics
 from .ticker import Ticker
 from .webrtc_leg import WebRtcLeg, new_call_id
+
+# Whoever counted a new leg as on its way (a server of several workers) is told here once it
+# holds a slot, and stops counting it then: it is counted as held from then on.
+ON_PLACED: contextvars.ContextVar[Callable[[], None] | None] = contextvars.ContextVar(
+    "on_placed", default=None)
 
 log = logging.getLogger(__name__)
 
@@ -151,6 +157,9 @@ class MediaAgent:
         """Hold a slot while a leg is set up (raises CallError when full or draining)."""
         self.check_capacity()
         with self.legs.reserve():
+            on_placed = ON_PLACED.get()
+            if on_placed is not None:
+                on_placed()
             yield
 
     async def hangup(self, call_id: str) -> bool:

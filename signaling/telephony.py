@@ -23,6 +23,7 @@ from dataclasses import dataclass, field, replace
 
 from aiohttp import WSMsgType, web
 
+from agent.media_agent import ON_PLACED
 from agent.plugins.base import SessionConfig
 from agent.telephony.address_policy import DEFAULT_RTP_ALLOW, parse_networks
 from agent.telephony.media_stream import MediaStreamSession
@@ -55,10 +56,6 @@ TELEPHONY_KEY = web.AppKey("telephony", TelephonyConfig)
 # that can (signaling/worker_relay.py); None when all are full.
 Overflow = Callable[[web.Request, int], Awaitable["web.WebSocketResponse | None"]]
 OVERFLOW_KEY = web.AppKey("media_stream_overflow", Overflow)
-# A request may carry a callback under this key, called once its stream holds a slot here
-# or is being relayed to another worker (where several workers serve, a stream counts as
-# arriving until then).
-ON_PLACED = "on_placed"
 
 
 # -- auth seam: a query-string token becomes the Bearer header the auth middleware reads ----
@@ -101,16 +98,14 @@ async def media_stream(request: web.Request) -> web.StreamResponse:
         await socket.close(code=code, message=message.encode("utf-8")[:120])
 
     overflow = request.app.get(OVERFLOW_KEY)
-    on_placed = request.get(ON_PLACED)
     if overflow is not None and not agent.draining and not agent.has_room:
+        on_placed = ON_PLACED.get()
         if on_placed is not None:
-            on_placed()
+            on_placed()  # held by the worker it is relayed to, not here
         relayed = await overflow(request, MAX_WS_MESSAGE_BYTES)
         if relayed is not None:
             return relayed
     with agent.admit():  # a full server answers 503 before the upgrade
-        if on_placed is not None:
-            on_placed()
         await socket.prepare(request)
         session = MediaStreamSession(agent, socket.send_str, close_socket)
     request.app[RESOURCES_KEY].add(session.id, principal_of(request))

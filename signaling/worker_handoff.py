@@ -20,6 +20,7 @@ import asyncio
 import logging
 import os
 import socket
+import struct
 from collections import deque
 from pathlib import Path
 
@@ -27,16 +28,13 @@ from aiohttp import web
 
 from .serving import SERVER_HOOK_KEY
 from .worker_load import WorkerLoads
-from .worker_routing import HANDOFF_KEY, LOADS_KEY, WORKERS_KEY, Handoff
+from .worker_routing import HANDED_FOR_S, HANDOFF_KEY, LOADS_KEY, WORKERS_KEY, Handoff
 
 log = logging.getLogger(__name__)
 
 HANDED_HEADER = "X-Agent-Worker-Handed"
 MAX_REQUEST_BYTES = 64 * 1024  # a datagram; aiohttp's own header limits are well below
-# The new worker counts a handed stream from the moment it reads the handoff (its loop,
-# within milliseconds); until its count shows it, the handing worker counts it for it, for
-# this long at most.
-HANDING_S = 0.5
+SOURCE = struct.Struct("<I")  # a handoff datagram starts with the handing worker's index
 # How long a stream waits for room in the receiving worker's queue before it stays here.
 SEND_WAIT_S = 0.5
 # A handed connection that never gets as far as a request there stops counting after this.
@@ -77,7 +75,7 @@ async def hand_over(request: web.Request, index: int) -> bool:
     write nothing more on it)."""
     if not can_hand_over(request):
         return False
-    payload = request_bytes(request)
+    payload = SOURCE.pack(request.app[WORKERS_KEY].index) + request_bytes(request)
     if len(payload) > MAX_REQUEST_BYTES:
         return False
     transport = request.transport
@@ -91,7 +89,7 @@ async def hand_over(request: web.Request, index: int) -> bool:
                 return False
         except OSError:  # not running: the stream stays here
             return False
-    request.app[LOADS_KEY].handed_over(index, HANDING_S)
+    request.app[LOADS_KEY].handed_over(index, HANDED_FOR_S)
     transport.abort()  # closes this worker's descriptor only: no shutdown, nothing sent
     log.debug("media stream from %s handed to worker %d", request.remote, index)
     return True
@@ -176,13 +174,16 @@ class HandoffReceiver:
             except OSError:
                 log.exception("worker handoff socket failed")
                 return
-            if len(descriptors) != 1 or flags & (socket.MSG_CTRUNC | socket.MSG_TRUNC):
+            if (len(descriptors) != 1 or len(payload) < SOURCE.size
+                    or flags & (socket.MSG_CTRUNC | socket.MSG_TRUNC)):
                 for descriptor in descriptors:  # not a handoff: nothing to serve
                     os.close(descriptor)
                 continue
             connection = socket.socket(fileno=descriptors[0])
+            (source,) = SOURCE.unpack_from(payload)
             self._count()
-            task = asyncio.ensure_future(self._adopt(connection, payload))
+            self._loads.received_from(source)
+            task = asyncio.ensure_future(self._adopt(connection, payload[SOURCE.size:]))
             self._adoptions.add(task)
             task.add_done_callback(self._adoptions.discard)
 

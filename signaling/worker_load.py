@@ -28,7 +28,9 @@ class WorkerLoads:
     def __init__(self, folder: Path, index: int, count: int, held: Callable[[], int]) -> None:
         self.index = index
         self.count = count
-        size = SLOT.size * count
+        # each worker's count, then how many connections each worker has received from
+        # each other one (worker_handoff.py): received[to][from]
+        size = SLOT.size * (count + count * count)
         descriptor = os.open(folder / FILE_NAME, os.O_RDWR | os.O_CREAT, 0o600)
         try:
             if os.fstat(descriptor).st_size < size:
@@ -37,12 +39,13 @@ class WorkerLoads:
         finally:
             os.close(descriptor)
         self.arriving = 0  # new calls being set up here, not yet held
-        # new calls handed to each worker and not yet answered: its slot counts them only
-        # once they arrive there, and a burst would otherwise all go to the same one
-        self.handing = [0] * count
-        # connections handed to each worker (worker_handoff.py), which no answer confirms:
-        # (the count its slot must reach to include it, until when to count it here)
+        # new calls handed to each worker (a re-posted request, a websocket's connection) and
+        # not yet received there: its slot counts them only from then, and a burst would
+        # otherwise all go to the same one. (their number in what this worker has handed
+        # that one, until when to count it here)
         self._handed: list[list[tuple[int, float]]] = [[] for _ in range(count)]
+        # numbered on from what each has received from this one (a restarted worker too)
+        self._handed_total = [self._received(i, index) for i in range(count)]
         self._held = held
 
     def publish(self) -> None:
@@ -51,25 +54,35 @@ class WorkerLoads:
     def loads(self) -> list[int]:
         return [SLOT.unpack_from(self._map, i * SLOT.size)[0] for i in range(self.count)]
 
-    def handed_over(self, index: int, count_for_s: float) -> None:
-        """A connection was handed to worker `index`: count it against that worker until its
-        own slot includes it, or for `count_for_s` at most (its count may fall meanwhile)."""
-        waiting = self._still_handed(index, self.loads()[index])
-        expected = self.loads()[index] + len(waiting) + 1
-        waiting.append((expected, time.monotonic() + count_for_s))
+    def _received_offset(self, to: int, source: int) -> int:
+        return (self.count + to * self.count + source) * SLOT.size
 
-    def _still_handed(self, index: int, slot: int) -> list[tuple[int, float]]:
-        now = time.monotonic()
-        waiting = [(expected, until) for expected, until in self._handed[index]
-                   if expected > slot and until > now]
+    def _received(self, to: int, source: int) -> int:
+        return SLOT.unpack_from(self._map, self._received_offset(to, source))[0]
+
+    def received_from(self, source: int) -> None:
+        """This worker took a call handed by worker `source` (and counts it itself from now
+        on, as `arriving` until it holds it)."""
+        if 0 <= source < self.count:
+            offset = self._received_offset(self.index, source)
+            SLOT.pack_into(self._map, offset, SLOT.unpack_from(self._map, offset)[0] + 1)
+
+    def handed_over(self, index: int, count_for_s: float) -> None:
+        """A connection was handed to worker `index`: count it against that worker until it
+        has received it, or for `count_for_s` at most (it may never: a worker killed)."""
+        self._handed_total[index] += 1
+        self._handed[index].append((self._handed_total[index], time.monotonic() + count_for_s))
+
+    def _still_handed(self, index: int) -> int:
+        received, now = self._received(index, self.index), time.monotonic()
+        waiting = [(number, until) for number, until in self._handed[index]
+                   if number > received and until > now]
         self._handed[index] = waiting
-        return waiting
+        return len(waiting)
 
     def lighter_worker(self) -> int | None:
         """The least loaded other worker, where it holds `MARGIN` fewer calls than this one."""
-        slots = self.loads()
-        loads = [slot + handing + len(self._still_handed(i, slot))
-                 for i, (slot, handing) in enumerate(zip(slots, self.handing))]
+        loads = [slot + self._still_handed(i) for i, slot in enumerate(self.loads())]
         lightest = min((i for i in range(self.count) if i != self.index),
                        key=loads.__getitem__, default=None)
         if lightest is None or loads[lightest] + MARGIN > loads[self.index]:

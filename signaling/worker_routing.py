@@ -25,6 +25,7 @@ from aiohttp import web
 from multidict import CIMultiDict
 
 from agent.errors import AgentError
+from agent.media_agent import ON_PLACED
 from agent.worker_tag import ID_TOKEN_CHARS, worker_of
 
 from .auth import SECRET_PREFIX, SECRET_TOKEN_CHARS
@@ -33,7 +34,7 @@ from .errors import ApiError, error_response
 from .keys import AGENT_KEY
 from .realtime import CALLS_PATH
 from .supervisor import worker_socket_path
-from .telephony import ON_PLACED, RTP_PATH, TELEPHONY_KEY
+from .telephony import RTP_PATH, TELEPHONY_KEY
 from .worker_load import WorkerLoads
 from .worker_views import merge_calls, merge_health, merge_metrics
 
@@ -47,6 +48,9 @@ OWNED_PATHS = (re.compile(rf"^{CALLS_PATH}/([^/]+)(?:/hangup)?$"),
                re.compile(rf"^{RTP_PATH}/([^/]+)$"))
 NEW_CALL_PATHS = frozenset({CALLS_PATH, "/offer"})
 LOAD_REFRESH_S = 0.5
+# A call handed to another worker counts against it here until it has received it, and for
+# this long at most (it may have died with the call).
+HANDED_FOR_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -109,10 +113,16 @@ def _session(app: web.Application, index: int) -> aiohttp.ClientSession:
     return session
 
 
+def forwarded_by(request: web.Request) -> int:
+    """The worker that forwarded this request (-1: not said)."""
+    value = request.headers.get(FORWARDED_HEADER, "")
+    return int(value) if value.isdigit() else -1
+
+
 def forwarded_headers(request: web.Request) -> CIMultiDict[str]:
     headers = CIMultiDict((name, value) for name, value in request.headers.items()
                           if name.lower() not in HOP_HEADERS)
-    headers[FORWARDED_HEADER] = "1"
+    headers[FORWARDED_HEADER] = str(request.app[WORKERS_KEY].index)  # who forwards it
     return headers
 
 
@@ -164,31 +174,6 @@ async def hand_to_lighter(request: web.Request) -> bool:
     return lighter is not None and await handoff.hand_over(request, lighter)
 
 
-async def handle_media_stream(request: web.Request,
-                              handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
-                              ) -> web.StreamResponse:
-    """A media stream kept here counts as arriving until it holds a slot or is relayed (the
-    handler runs the whole call), so the streams of a burst, all read before any is
-    admitted, see each other."""
-    loads = request.app[LOADS_KEY]
-    loads.arriving += 1
-    loads.publish()
-    arriving = True
-
-    def placed() -> None:
-        nonlocal arriving
-        if arriving:
-            arriving = False
-            loads.arriving -= 1  # held from now on (the same count), or relayed elsewhere
-
-    request[ON_PLACED] = placed
-    try:
-        return await handler(request)
-    finally:
-        placed()  # never placed (refused, gone): no longer counted at all
-        loads.publish()
-
-
 def is_new_leg(request: web.Request) -> bool:
     return request.method == "POST" and (request.path in NEW_CALL_PATHS
                                          or request.path == RTP_PATH)
@@ -196,7 +181,8 @@ def is_new_leg(request: web.Request) -> bool:
 
 async def offer_to(request: web.Request, index: int, body: bytes) -> web.Response | None:
     """A new call re-posted to worker `index`: its answer, or None where it is full or does
-    not answer (it died)."""
+    not answer (it died). Counted against that worker until it has received it."""
+    request.app[LOADS_KEY].handed_over(index, HANDED_FOR_S)
     try:
         status, headers, payload = await ask(request, index, body)
     except (aiohttp.ClientError, OSError, asyncio.TimeoutError):
@@ -222,26 +208,32 @@ async def place_elsewhere(request: web.Request) -> web.Response:
 async def place_on_lighter(request: web.Request, lighter: int) -> web.Response | None:
     """Hand a new call to a worker holding fewer calls; None: it filled up meanwhile or did
     not answer, so the call stays here."""
-    loads = request.app[LOADS_KEY]
-    loads.handing[lighter] += 1
-    try:
-        return await offer_to(request, lighter, await request.read())
-    finally:
-        loads.handing[lighter] -= 1
+    return await offer_to(request, lighter, await request.read())
 
 
-async def handle_new_leg(request: web.Request,
-                         handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
-                         ) -> web.StreamResponse:
-    """A new call set up here, counted as arriving while it is, so a burst of new calls
-    spreads before any of them is held."""
+async def count_until_placed(request: web.Request,
+                             handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+                             ) -> web.StreamResponse:
+    """A new call set up here counts as arriving until it holds a slot (the agent says so:
+    `ON_PLACED`) or the handler is done, so the calls of a burst, all read before any is
+    admitted, see each other. (A media stream's handler runs the whole call.)"""
     loads = request.app[LOADS_KEY]
     loads.arriving += 1
     loads.publish()
+    arriving = True
+
+    def placed() -> None:
+        nonlocal arriving
+        if arriving:
+            arriving = False
+            loads.arriving -= 1  # held from now on (the same count), or placed elsewhere
+
+    token = ON_PLACED.set(placed)
     try:
         return await handler(request)
     finally:
-        loads.arriving -= 1
+        ON_PLACED.reset(token)
+        placed()  # never placed (refused, gone): no longer counted at all
         loads.publish()
 
 
@@ -271,12 +263,10 @@ async def worker_routing_middleware(
     if request.headers.get(FORWARDED_HEADER):
         if not is_new_leg(request):
             return await handler(request)
-        # A call handed here is counted by the worker that handed it until it is answered,
+        # A call handed here: counted by the worker that handed it until it is received,
         # and here from then on.
-        try:
-            return await handler(request)
-        finally:
-            request.app[LOADS_KEY].publish()
+        request.app[LOADS_KEY].received_from(forwarded_by(request))
+        return await count_until_placed(request, handler)
     group = request.app[WORKERS_KEY]
     view = VIEWS.get(request.path)
     if view is not None and request.method == "GET":
@@ -296,7 +286,7 @@ async def worker_routing_middleware(
         if await hand_to_lighter(request):
             # aiohttp finds the transport closed and writes nothing of this
             return web.Response(status=204)
-        return await handle_media_stream(request, handler)
+        return await count_until_placed(request, handler)
     owner = owner_of(request)
     try:
         if owner is None and is_new_leg(request):
@@ -305,7 +295,7 @@ async def worker_routing_middleware(
             request.app[LOADS_KEY].publish()
             lighter = request.app[LOADS_KEY].lighter_worker()
             placed = None if lighter is None else await place_on_lighter(request, lighter)
-            return placed if placed is not None else await handle_new_leg(request, handler)
+            return placed if placed is not None else await count_until_placed(request, handler)
         if owner is None or owner == group.index or owner >= group.count:
             return await handler(request)
         return await forward(request, owner)

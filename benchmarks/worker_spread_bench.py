@@ -1,0 +1,104 @@
+"""How `--workers 2` spreads new calls over its workers: calls held by each, mid-call.
+
+    python benchmarks/worker_spread_bench.py [--kinds media-stream,rtp,webrtc]
+                                             [--counts 20,60,100] [--workers 2]
+
+Each level starts a fresh server, waits for all its workers, opens `count` calls of one kind
+from this process, all at once (a bridge's or a test rig's burst; WebRTC callers are
+staggered 0.15 s apart, like arrivals), reads `/health` while every call is live and prints
+the calls each worker holds. Which worker
+accepts a connection is the kernel's (and asyncio's) choice: a new call over HTTP (RTP legs,
+WebRTC offers) is then handed to a lighter worker (signaling/worker_load.py), while a
+media-stream websocket stays where it was accepted unless that worker is full, when it is
+relayed to one with room (signaling/worker_relay.py). Prints a markdown table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from echo_bench import STAGGER_S, run_callers  # noqa: E402
+from harness import ROOT, agent_command, free_port, wait_for_port  # noqa: E402
+from telephony_capacity_bench import run_media_stream_clients, run_rtp_clients  # noqa: E402
+
+HOLD_SECONDS = 8.0
+
+
+async def held_per_worker(url: str, after_s: float) -> list[int]:
+    await asyncio.sleep(after_s)
+    async with aiohttp.ClientSession() as http:
+        async with http.get(url + "/health") as response:
+            health = await response.json()
+    return [int(worker.get("active_calls") or 0) for worker in health["workers"]]
+
+
+async def every_worker_up(url: str, workers: int) -> None:
+    """Worker 0 listens first: wait until `/health` lists every worker with its pid."""
+    async with aiohttp.ClientSession() as http:
+        for _ in range(600):
+            async with http.get(url + "/health") as response:
+                health = await response.json()
+            if sum(1 for w in health.get("workers", []) if w.get("pid")) == workers:
+                return
+            await asyncio.sleep(0.1)
+    raise RuntimeError("the workers did not all start")
+
+
+async def level(url: str, kind: str, count: int) -> tuple[list[int], int]:
+    """Calls each worker held mid-call, and how many of the `count` calls connected."""
+    if kind == "media-stream":
+        calls, ramp_s = run_media_stream_clients(url, count, HOLD_SECONDS), 1.0
+    elif kind == "rtp":
+        calls, ramp_s = run_rtp_clients(url, count, HOLD_SECONDS), 1.0
+    else:  # staggered arrivals: each call lasts until the last one has been live a while
+        ramp_s = count * STAGGER_S + 2
+        calls = run_callers(url, count, ramp_s + HOLD_SECONDS, "opus", True)
+    held, reports = await asyncio.gather(held_per_worker(url, ramp_s + HOLD_SECONDS / 3), calls)
+    return held, sum(1 for report in reports if _connected(report))
+
+
+def _connected(report: dict[str, Any]) -> bool:
+    return bool(report.get("opened", report.get("connected", True))) and not report.get("error")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--kinds", default="media-stream,rtp,webrtc")
+    parser.add_argument("--counts", default="20,60,100")
+    parser.add_argument("--workers", type=int, default=2)
+    args = parser.parse_args()
+    print(f"\n### New calls over {args.workers} workers (one client, {HOLD_SECONDS:g} s calls)\n")
+    print("| kind | calls | connected | held by each worker |")
+    print("|---|---|---|---|")
+    for kind in args.kinds.split(","):
+        for count in [int(n) for n in args.counts.split(",")]:
+            port = free_port()
+            command = agent_command(port, "--ice-host", "127.0.0.1",
+                                    "--max-unauthenticated-per-address", "0",
+                                    workers=args.workers)
+            with subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL,
+                                  stderr=subprocess.DEVNULL) as server:
+                try:
+                    wait_for_port(port, 60)
+                    url = f"http://127.0.0.1:{port}"
+                    asyncio.run(every_worker_up(url, args.workers))
+                    held, connected = asyncio.run(level(url, kind, count))
+                finally:
+                    server.terminate()
+                    server.wait(30)
+            print(f"| {kind} | {count} | {connected} | {' / '.join(map(str, held))} |",
+                  flush=True)
+
+
+if __name__ == "__main__":
+    main()
