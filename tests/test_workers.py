@@ -326,33 +326,18 @@ async def test_workers_serve_tls_and_forward_among_themselves(tmp_path: Path) ->
 
 async def test_a_media_stream_on_a_full_worker_is_relayed_to_one_with_room(
         tmp_path: Path) -> None:
-    import base64
     import json
-    import numpy as np
-    from agent.telephony.g711 import mulaw_encode
     stream = "/v1/telephony/media-stream"
     async with two_workers(tmp_path / "workers", "--max-sessions", "2") as group:
         await group.call_on(0)  # worker 0's one slot
-        socket = await group.via(0).ws_connect("http://worker" + stream)
+        socket = await open_media_stream(group.via(0), 1)
         sid = "MZ1"
-        await socket.send_str(json.dumps({"event": "connected", "protocol": "Call"}))
-        await socket.send_str(json.dumps({"event": "start", "streamSid": sid, "start": {
-            "streamSid": sid, "mediaFormat": {"encoding": "audio/x-mulaw",
-                                              "sampleRate": 8000, "channels": 1}}}))
-        tone = (np.sin(2 * np.pi * 440 * np.arange(160) / 8000) * 8000).astype(np.int16)
-        payload = base64.b64encode(mulaw_encode(tone)).decode()
-        received = 0
-
-        async def read() -> None:
-            nonlocal received
-            async for message in socket:
-                if json.loads(message.data).get("event") == "media":
-                    received += 1
-        reader = asyncio.ensure_future(read())
+        heard = MediaHeard(socket)
         for chunk in range(75):  # 1.5 s in real time
             await socket.send_str(json.dumps({"event": "media", "streamSid": sid,
-                                              "media": {"payload": payload}}))
+                                              "media": {"payload": TONE_PAYLOAD}}))
             await asyncio.sleep(0.02)
+        received = heard.count
         health = await group.health()
         assert [w["legs"].get("media-stream", 0) for w in health["workers"]] == [0, 1]
         assert received >= 40, received  # the agent's audio comes back through the relay
@@ -361,7 +346,7 @@ async def test_a_media_stream_on_a_full_worker_is_relayed_to_one_with_room(
             await group.via(0).ws_connect("http://worker" + stream)
         assert refused.value.status == 503
         await socket.send_str(json.dumps({"event": "stop", "streamSid": sid}))
-        await asyncio.wait_for(reader, 10)  # the worker's close reaches the caller
+        await asyncio.wait_for(heard.reader, 10)  # the worker's close reaches the caller
         assert socket.closed
 
         async def freed() -> bool:
@@ -406,11 +391,38 @@ async def test_nice_applies_to_every_worker(tmp_path: Path) -> None:
         assert os.getpriority(os.PRIO_PROCESS, group.process.pid) == niceness
 
 
-async def open_media_stream(session: aiohttp.ClientSession, index: int, key: str
+def _tone_payload() -> str:
+    import base64
+    import numpy as np
+    from agent.telephony.g711 import mulaw_encode
+    tone = (np.sin(2 * np.pi * 440 * np.arange(160) / 8000) * 8000).astype(np.int16)
+    return base64.b64encode(mulaw_encode(tone)).decode()
+
+
+TONE_PAYLOAD = _tone_payload()  # 20 ms of a 440 Hz tone, μ-law, as a media event carries it
+
+
+class MediaHeard:
+    """Counts the agent's `media` events on a media-stream socket until it closes."""
+
+    def __init__(self, socket: aiohttp.ClientWebSocketResponse) -> None:
+        self.count = 0
+        self.reader = asyncio.ensure_future(self._read(socket))
+
+    async def _read(self, socket: aiohttp.ClientWebSocketResponse) -> None:
+        import json
+        async for message in socket:
+            if json.loads(message.data).get("event") == "media":
+                self.count += 1
+
+
+async def open_media_stream(session: aiohttp.ClientSession, index: int, key: str | None = None
                             ) -> aiohttp.ClientWebSocketResponse:
-    """Stream `index`, its credential in the header (even) or the URL (odd)."""
+    """Stream `index`, its credential (if any) in the header (even) or the URL (odd)."""
     import json
-    if index % 2:
+    if key is None:
+        socket = await session.ws_connect("http://worker/v1/telephony/media-stream")
+    elif index % 2:
         socket = await session.ws_connect(f"http://worker/v1/telephony/media-stream?token={key}")
     else:
         socket = await session.ws_connect("http://worker/v1/telephony/media-stream",
@@ -433,11 +445,8 @@ async def media_streams_handed_over(workers: Workers, key: str) -> None:
     """Every stream arrives on worker 0 (none is full, so none is relayed); one holding MARGIN
     more calls than the other hands the connection itself over, and it works there, its
     credential checked there (in the header or the URL)."""
-    import base64
     import json
     import socket as sockets_module
-    import numpy as np
-    from agent.telephony.g711 import mulaw_encode
     from signaling.worker_handoff import handoff_socket_path
     from signaling.worker_load import MARGIN
 
@@ -457,26 +466,16 @@ async def media_streams_handed_over(workers: Workers, key: str) -> None:
     assert sum(held) == 8 and abs(held[0] - held[1]) <= MARGIN, held
 
     # A handed stream is served in full by its new worker: the agent's audio comes back.
-    last = sockets[-1]
-    tone = (np.sin(2 * np.pi * 440 * np.arange(160) / 8000) * 8000).astype(np.int16)
-    payload = base64.b64encode(mulaw_encode(tone)).decode()
-    received = 0
-
-    async def read() -> None:
-        nonlocal received
-        async for message in last:
-            if json.loads(message.data).get("event") == "media":
-                received += 1
-    reader = asyncio.ensure_future(read())
+    heard = MediaHeard(sockets[-1])
     for _ in range(50):
         for index, socket in enumerate(sockets):
             await socket.send_str(json.dumps({"event": "media", "streamSid": f"MZ{index}",
-                                              "media": {"payload": payload}}))
+                                              "media": {"payload": TONE_PAYLOAD}}))
         await asyncio.sleep(0.02)
-    assert received >= 25, received
+    assert heard.count >= 25, heard.count
     for socket in sockets:
         await socket.close()
-    await asyncio.wait_for(reader, 10)
+    await asyncio.wait_for(heard.reader, 10)
 
     async def freed() -> bool:
         return (await workers.health())["legs"].get("media-stream", 0) == 0
