@@ -28,7 +28,7 @@ from aiohttp import web
 
 from .serving import SERVER_HOOK_KEY
 from .worker_load import WorkerLoads
-from .worker_routing import HANDED_FOR_S, HANDOFF_KEY, LOADS_KEY, WORKERS_KEY, Handoff
+from .worker_routing import HANDOFF_KEY, LOADS_KEY, WORKERS_KEY, Handoff
 
 log = logging.getLogger(__name__)
 
@@ -81,15 +81,18 @@ async def hand_over(request: web.Request, index: int) -> bool:
     transport = request.transport
     assert transport is not None
     path = handoff_socket_path(request.app[WORKERS_KEY].folder, index)
+    loads = request.app[LOADS_KEY]
+    loads.handed_over(index)  # before it can arrive there, so it is never counted negative
     with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sender:
         sender.setblocking(False)
         try:
             sender.connect(str(path))
-            if not await _send_when_room(sender, payload, transport):
-                return False
-        except OSError:  # not running: the stream stays here
-            return False
-    request.app[LOADS_KEY].handed_over(index, HANDED_FOR_S)
+            sent = await _send_when_room(sender, payload, transport)
+        except OSError:  # not running
+            sent = False
+    if not sent:
+        loads.lost_on_the_way(index)  # the stream stays here
+        return False
     transport.abort()  # closes this worker's descriptor only: no shutdown, nothing sent
     log.debug("media stream from %s handed to worker %d", request.remote, index)
     return True

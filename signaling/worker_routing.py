@@ -48,9 +48,6 @@ OWNED_PATHS = (re.compile(rf"^{CALLS_PATH}/([^/]+)(?:/hangup)?$"),
                re.compile(rf"^{RTP_PATH}/([^/]+)$"))
 NEW_CALL_PATHS = frozenset({CALLS_PATH, "/offer"})
 LOAD_REFRESH_S = 0.5
-# A call handed to another worker counts against it here until it has received it, and for
-# this long at most (it may have died with the call).
-HANDED_FOR_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -181,12 +178,16 @@ def is_new_leg(request: web.Request) -> bool:
 
 async def offer_to(request: web.Request, index: int, body: bytes) -> web.Response | None:
     """A new call re-posted to worker `index`: its answer, or None where it is full or does
-    not answer (it died). Counted against that worker until it has received it."""
-    request.app[LOADS_KEY].handed_over(index, HANDED_FOR_S)
+    not answer (it died). Counted against that worker from now until it has received it."""
+    loads = request.app[LOADS_KEY]
+    loads.handed_over(index)
     try:
         status, headers, payload = await ask(request, index, body)
-    except (aiohttp.ClientError, OSError, asyncio.TimeoutError):
+    except aiohttp.ClientConnectorError:
+        loads.lost_on_the_way(index)  # it never got there (not running, restarting)
         return None
+    except (aiohttp.ClientError, OSError, asyncio.TimeoutError):
+        return None  # it got there, or died with it (a restarted worker starts its count anew)
     if status == 503 and b'"server_full"' in payload:
         return None
     return web.Response(status=status, headers=headers, body=payload)
