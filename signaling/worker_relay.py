@@ -18,7 +18,7 @@ from aiohttp import WSMsgType, web
 
 from .errors import ApiError
 from .telephony import OVERFLOW_KEY
-from .worker_routing import FORWARDED_HEADER, WORKERS_KEY, forwarded_headers
+from .worker_routing import WORKERS_KEY, forwarded_headers, from_a_worker
 
 log = logging.getLogger(__name__)
 
@@ -30,7 +30,7 @@ FULL = 503
 async def relay_media_stream(request: web.Request, max_msg_size: int
                              ) -> web.WebSocketResponse | None:
     """Carry this websocket to another worker with room; None when every one is full."""
-    if request.headers.get(FORWARDED_HEADER):
+    if from_a_worker(request):
         return None  # already relayed here by a full worker: never pass it round again
     group = request.app[WORKERS_KEY]
     for index in group.others():

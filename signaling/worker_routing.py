@@ -8,7 +8,7 @@ unchanged. A new call goes to the least loaded worker: one over HTTP is re-poste
 media-stream websocket is handed there as the connection itself (worker_handoff.py). Views of the whole server — `/health`, `/metrics`, `/metrics/calls` — ask every
 worker and add up what they say; `POST /admin/drain` drains every worker. Workers talk over
 the unix sockets in the worker folder; a request that arrives that way is marked and always
-handled where it lands.
+handled where it lands (the mark counts only on that socket).
 """
 
 from __future__ import annotations
@@ -108,6 +108,15 @@ def _session(app: web.Application, index: int) -> aiohttp.ClientSession:
                                         auto_decompress=False)
         sessions[index] = session
     return session
+
+
+def from_a_worker(request: web.Request) -> bool:
+    """Forwarded by another worker: marked so, over this worker's private unix socket. The
+    mark on a request from outside (the public port, a handed connection) means nothing."""
+    if not request.headers.get(FORWARDED_HEADER) or request.transport is None:
+        return False
+    own_socket = str(request.app[WORKERS_KEY].socket_path(request.app[WORKERS_KEY].index))
+    return request.transport.get_extra_info("sockname") == own_socket
 
 
 def forwarded_by(request: web.Request) -> int:
@@ -261,7 +270,7 @@ VIEWS: dict[str, View] = {"/health": merge_health, "/metrics": merge_metrics,
 async def worker_routing_middleware(
     request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
 ) -> web.StreamResponse:
-    if request.headers.get(FORWARDED_HEADER):
+    if from_a_worker(request):
         if not is_new_leg(request):
             return await handler(request)
         # A call handed here: counted by the worker that handed it until it is received,

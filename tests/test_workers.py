@@ -480,3 +480,28 @@ async def media_streams_handed_over(workers: Workers, key: str) -> None:
     async def freed() -> bool:
         return (await workers.health())["legs"].get("media-stream", 0) == 0
     await wait_for_async(freed, 10)
+
+
+async def test_the_worker_mark_counts_only_on_a_workers_private_socket(
+        workers: Workers) -> None:
+    """A client that sends the header workers mark forwarded requests with is still routed:
+    on one connection to the public port, a leg held by either worker is reached."""
+    from signaling.worker_routing import FORWARDED_HEADER
+
+    call_ids = []
+    for worker in (0, 1):  # one leg on each worker (each is the lighter one in turn)
+        async with workers.via(worker).post("http://worker/v1/telephony/rtp",
+                                            json={"remote": "127.0.0.1:9", "codec": "PCMU"}
+                                            ) as response:
+            body = await response.json()
+            assert response.status == 201, body
+            call_ids.append(body["call_id"])
+    assert [worker_of(i, ID_TOKEN_CHARS) for i in call_ids] == [0, 1]
+    async with aiohttp.ClientSession() as http:  # one connection: one accepting worker
+        for call_id in call_ids:
+            async with http.get(f"{workers.url}/v1/telephony/rtp/{call_id}",
+                                headers={FORWARDED_HEADER: "1"}) as response:
+                assert response.status == 200, await response.text()
+            async with http.delete(f"{workers.url}/v1/telephony/rtp/{call_id}",
+                                   headers={FORWARDED_HEADER: "0"}) as response:
+                assert response.status in (200, 204), await response.text()
