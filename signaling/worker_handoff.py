@@ -21,6 +21,7 @@ import logging
 import os
 import socket
 import struct
+import weakref
 from collections import deque
 from pathlib import Path
 
@@ -32,7 +33,6 @@ from .worker_routing import HANDOFF_KEY, LOADS_KEY, WORKERS_KEY, Handoff
 
 log = logging.getLogger(__name__)
 
-HANDED_HEADER = "X-Agent-Worker-Handed"
 MAX_REQUEST_BYTES = 64 * 1024  # a datagram; aiohttp's own header limits are well below
 SOURCE = struct.Struct("<I")  # a handoff datagram starts with the handing worker's index
 # How long a stream waits for room in the receiving worker's queue before it stays here.
@@ -46,18 +46,12 @@ def handoff_socket_path(folder: Path, index: int) -> Path:
 
 
 def request_bytes(request: web.Request) -> bytes:
-    """The request line and headers as the client sent them, marked as handed."""
+    """The request line and headers as the client sent them."""
     version = request.version
     lines = [f"{request.method} {request.raw_path} HTTP/{version.major}.{version.minor}"
              .encode("latin-1")]
-    lines += [name + b": " + value for name, value in request.raw_headers
-              if name.lower() != HANDED_HEADER.lower().encode()]
-    lines.append(HANDED_HEADER.encode() + b": 1")
+    lines += [name + b": " + value for name, value in request.raw_headers]
     return b"\r\n".join(lines) + b"\r\n\r\n"
-
-
-def was_handed(request: web.Request) -> bool:
-    return bool(request.headers.get(HANDED_HEADER))
 
 
 def can_hand_over(request: web.Request) -> bool:
@@ -137,6 +131,11 @@ class HandoffReceiver:
         self._server: web.Server | None = None
         self._adoptions: set[asyncio.Task[None]] = set()
         self._arriving: deque[asyncio.TimerHandle] = deque()
+        self._adopted: weakref.WeakSet[asyncio.BaseTransport] = weakref.WeakSet()
+
+    def was_handed(self, request: web.Request) -> bool:
+        """Whether this request came on a connection handed here (no client can say so)."""
+        return request.transport is not None and request.transport in self._adopted
 
     def arrived(self) -> None:
         """A handed request is being handled here: it counts as a held call once admitted
@@ -194,13 +193,14 @@ class HandoffReceiver:
         assert self._server is not None
         connection.setblocking(False)
         try:
-            _, protocol = await asyncio.get_running_loop().connect_accepted_socket(
+            transport, protocol = await asyncio.get_running_loop().connect_accepted_socket(
                 self._server, connection)
         except OSError:
             connection.close()  # the caller hung up meanwhile
             self.arrived()
             self._loads.publish()
             return
+        self._adopted.add(transport)
         # The request as the other worker read it; the caller waits for the upgrade's
         # answer, so nothing else of the connection has been read anywhere yet.
         protocol.data_received(payload)
@@ -222,7 +222,7 @@ def install(app: web.Application) -> None:
     group = app[WORKERS_KEY]
     receiver = HandoffReceiver(handoff_socket_path(group.folder, group.index), app[LOADS_KEY])
     app[SERVER_HOOK_KEY] = receiver.start
-    app[HANDOFF_KEY] = Handoff(hand_over, receiver.arrived, was_handed)
+    app[HANDOFF_KEY] = Handoff(hand_over, receiver.arrived, receiver.was_handed)
 
     async def close(app: web.Application) -> None:
         await receiver.close()
