@@ -1,7 +1,7 @@
 """With several workers: a media-stream websocket accepted by a busier worker is handed, as
 the connection itself, to a lighter one before the upgrade.
 
-A new call over HTTP is re-posted to a lighter worker (worker_routing.place_on_lighter), but
+A new call over HTTP is re-posted to a lighter worker (worker_routing.offer_to), but
 a websocket lives as long as its call, and relaying it (worker_relay.py) would cost the
 accepting worker a hop per message for the whole call. Instead the accepting worker sends
 the connection's file descriptor and the request's bytes to the lighter worker over a unix
@@ -22,7 +22,6 @@ import os
 import socket
 import struct
 import weakref
-from collections import deque
 from pathlib import Path
 
 from aiohttp import web
@@ -37,8 +36,6 @@ MAX_REQUEST_BYTES = 64 * 1024  # a datagram; aiohttp's own header limits are wel
 SOURCE = struct.Struct("<I")  # a handoff datagram starts with the handing worker's index
 # How long a stream waits for room in the receiving worker's queue before it stays here.
 SEND_WAIT_S = 0.5
-# A handed connection that never gets as far as a request there stops counting after this.
-ARRIVING_AT_MOST_S = 5.0
 
 
 def handoff_socket_path(folder: Path, index: int) -> Path:
@@ -120,9 +117,9 @@ async def _send_when_room(sender: socket.socket, payload: bytes,
 
 
 class HandoffReceiver:
-    """Takes connections handed to this worker and serves them with its own server; each
-    counts as a call arriving here (`loads.arriving`) until its request reaches the routing
-    middleware, whose handler admits it (`arrived()`)."""
+    """Takes connections handed to this worker and serves them with its own server. Each
+    counts as on its way here (worker_load.py) until its request reaches the routing
+    middleware, which marks it received from the worker that handed it (`handed_from`)."""
 
     def __init__(self, path: Path, loads: WorkerLoads) -> None:
         self.path = path
@@ -130,30 +127,13 @@ class HandoffReceiver:
         self._socket: socket.socket | None = None
         self._server: web.Server | None = None
         self._adoptions: set[asyncio.Task[None]] = set()
-        self._arriving: deque[asyncio.TimerHandle] = deque()
-        self._adopted: weakref.WeakSet[asyncio.BaseTransport] = weakref.WeakSet()
+        # the connections handed here, and by which worker: no client can claim to be one
+        self._adopted: weakref.WeakKeyDictionary[asyncio.BaseTransport, int] = (
+            weakref.WeakKeyDictionary())
 
-    def was_handed(self, request: web.Request) -> bool:
-        """Whether this request came on a connection handed here (no client can say so)."""
-        return request.transport is not None and request.transport in self._adopted
-
-    def arrived(self) -> None:
-        """A handed request is being handled here: it counts as a held call once admitted
-        (the routing middleware publishes the count then)."""
-        if self._arriving:
-            self._arriving.popleft().cancel()
-            self._loads.arriving -= 1
-
-    def _count(self) -> None:
-        self._loads.arriving += 1
-        self._loads.publish()
-        loop = asyncio.get_running_loop()
-        self._arriving.append(loop.call_later(ARRIVING_AT_MOST_S, self._expire))
-
-    def _expire(self) -> None:
-        self._arriving.popleft()  # the oldest: timers fire in the order they were set
-        self._loads.arriving -= 1
-        self._loads.publish()
+    def handed_from(self, request: web.Request) -> int | None:
+        """The worker that handed this request's connection here (None: not handed)."""
+        return None if request.transport is None else self._adopted.get(request.transport)
 
     def start(self, server: web.Server) -> None:
         self._server = server
@@ -183,24 +163,22 @@ class HandoffReceiver:
                 continue
             connection = socket.socket(fileno=descriptors[0])
             (source,) = SOURCE.unpack_from(payload)
-            self._count()
-            self._loads.received_from(source)
-            task = asyncio.ensure_future(self._adopt(connection, payload[SOURCE.size:]))
+            task = asyncio.ensure_future(
+                self._adopt(connection, source, payload[SOURCE.size:]))
             self._adoptions.add(task)
             task.add_done_callback(self._adoptions.discard)
 
-    async def _adopt(self, connection: socket.socket, payload: bytes) -> None:
+    async def _adopt(self, connection: socket.socket, source: int, payload: bytes) -> None:
         assert self._server is not None
         connection.setblocking(False)
         try:
             transport, protocol = await asyncio.get_running_loop().connect_accepted_socket(
                 self._server, connection)
         except OSError:
-            connection.close()  # the caller hung up meanwhile
-            self.arrived()
-            self._loads.publish()
+            connection.close()  # the caller hung up meanwhile: it got here, and ended
+            self._loads.received_from(source)
             return
-        self._adopted.add(transport)
+        self._adopted[transport] = source
         # The request as the other worker read it; the caller waits for the upgrade's
         # answer, so nothing else of the connection has been read anywhere yet.
         protocol.data_received(payload)
@@ -211,8 +189,6 @@ class HandoffReceiver:
             self._socket.close()
             self._socket = None
             self.path.unlink(missing_ok=True)
-        while self._arriving:
-            self._arriving.popleft().cancel()
         for task in list(self._adoptions):
             task.cancel()
         await asyncio.gather(*self._adoptions, return_exceptions=True)
@@ -222,7 +198,7 @@ def install(app: web.Application) -> None:
     group = app[WORKERS_KEY]
     receiver = HandoffReceiver(handoff_socket_path(group.folder, group.index), app[LOADS_KEY])
     app[SERVER_HOOK_KEY] = receiver.start
-    app[HANDOFF_KEY] = Handoff(hand_over, receiver.arrived, receiver.was_handed)
+    app[HANDOFF_KEY] = Handoff(hand_over, receiver.handed_from)
 
     async def close(app: web.Application) -> None:
         await receiver.close()

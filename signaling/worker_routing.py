@@ -5,8 +5,9 @@ whose tag its id carries (agent/worker_tag.py), and a request made with an ephem
 (a new call, the page's /v1/models) goes to the worker that minted the secret;
 the owner handles it as if it had accepted it, auth included, and its answer is relayed
 unchanged. A new call goes to the least loaded worker: one over HTTP is re-posted there, a
-media-stream websocket is handed there as the connection itself (worker_handoff.py). Views of the whole server — `/health`, `/metrics`, `/metrics/calls` — ask every
-worker and add up what they say; `POST /admin/drain` drains every worker. Workers talk over
+media-stream websocket is handed there as the connection itself (worker_handoff.py). Views
+of the whole server — `/health`, `/metrics`, `/metrics/calls` — ask every worker and add up
+what they say; `POST /admin/drain` drains every worker. Workers talk over
 the unix sockets in the worker folder; a request that arrives that way is marked and always
 handled where it lands (the mark counts only on that socket).
 """
@@ -56,10 +57,8 @@ class Handoff:
 
     # hands this request's connection to worker N; False where it could not
     hand_over: Callable[[web.Request, int], Awaitable[bool]]
-    # a request handed here is being handled: its new worker counts it as held from now
-    arrived: Callable[[], None]
-    # the request was handed here by another worker
-    was_handed: Callable[[web.Request], bool]
+    # the worker that handed this request's connection here (None: not handed)
+    handed_from: Callable[[web.Request], int | None]
 
 
 HANDOFF_KEY = web.AppKey("worker_handoff", Handoff)
@@ -165,18 +164,24 @@ def is_media_stream(request: web.Request) -> bool:
             and "websocket" in request.headers.get("Upgrade", "").lower())
 
 
+def lighter_than_here(request: web.Request) -> int | None:
+    """A worker holding `MARGIN` fewer calls than this one, with this one's count fresh."""
+    loads = request.app[LOADS_KEY]
+    loads.publish()
+    return loads.lighter_worker()
+
+
 async def hand_to_lighter(request: web.Request) -> bool:
     """A media stream landed on a worker holding `MARGIN` more calls than another: hand its
     connection there (True: it is gone from here)."""
     handoff = request.app.get(HANDOFF_KEY)
     if handoff is None:
         return False
-    if handoff.was_handed(request):
-        handoff.arrived()
+    source = handoff.handed_from(request)
+    if source is not None:
+        request.app[LOADS_KEY].received_from(source)  # counted here from now on
         return False  # handed at most once
-    loads = request.app[LOADS_KEY]
-    loads.publish()
-    lighter = loads.lighter_worker()
+    lighter = lighter_than_here(request)
     return lighter is not None and await handoff.hand_over(request, lighter)
 
 
@@ -213,12 +218,6 @@ async def place_elsewhere(request: web.Request) -> web.Response:
     request.app[AGENT_KEY].check_capacity()  # everyone is full: the coded 503 from here
     # A slot freed here meanwhile: the body is read, so the caller retries (rare).
     raise ApiError("server_full", "every worker was full a moment ago; retry", status=503)
-
-
-async def place_on_lighter(request: web.Request, lighter: int) -> web.Response | None:
-    """Hand a new call to a worker holding fewer calls; None: it filled up meanwhile or did
-    not answer, so the call stays here."""
-    return await offer_to(request, lighter, await request.read())
 
 
 async def count_until_placed(request: web.Request,
@@ -302,9 +301,11 @@ async def worker_routing_middleware(
         if owner is None and is_new_leg(request):
             if not request.app[AGENT_KEY].has_room:
                 return await place_elsewhere(request)
-            request.app[LOADS_KEY].publish()
-            lighter = request.app[LOADS_KEY].lighter_worker()
-            placed = None if lighter is None else await place_on_lighter(request, lighter)
+            # Handed to a lighter worker; None: it filled up meanwhile or did not answer, so
+            # the call stays here.
+            lighter = lighter_than_here(request)
+            placed = (None if lighter is None
+                      else await offer_to(request, lighter, await request.read()))
             return placed if placed is not None else await count_until_placed(request, handler)
         if owner is None or owner == group.index or owner >= group.count:
             return await handler(request)
