@@ -3,7 +3,7 @@
     python benchmarks/worker_spread_bench.py [--kinds media-stream,rtp,webrtc]
                                              [--counts 20,60,100] [--workers 2]
 
-Each level starts a fresh server, waits for all its workers, opens `count` calls of one kind
+Each level starts a fresh server (as `workers_bench.py` does), waits for all its workers, opens `count` calls of one kind
 from this process, all at once (a bridge's or a test rig's burst; WebRTC callers are
 staggered 0.15 s apart, like arrivals), reads `/health` while every call is live and prints
 the calls each worker holds. Which worker
@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -27,29 +26,30 @@ import aiohttp
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from echo_bench import STAGGER_S, run_callers  # noqa: E402
-from harness import ROOT, agent_command, free_port, wait_for_port  # noqa: E402
 from telephony_capacity_bench import run_media_stream_clients, run_rtp_clients  # noqa: E402
+from workers_bench import agent  # noqa: E402
 
 HOLD_SECONDS = 8.0
 
 
-async def held_per_worker(url: str, after_s: float) -> list[int]:
-    await asyncio.sleep(after_s)
+async def worker_health(url: str) -> list[dict[str, Any]]:
+    """`/health`'s list of workers."""
     async with aiohttp.ClientSession() as http:
         async with http.get(url + "/health") as response:
-            health = await response.json()
-    return [int(worker.get("active_calls") or 0) for worker in health["workers"]]
+            return list((await response.json()).get("workers", []))
+
+
+async def held_per_worker(url: str, after_s: float) -> list[int]:
+    await asyncio.sleep(after_s)
+    return [int(worker.get("active_calls") or 0) for worker in await worker_health(url)]
 
 
 async def every_worker_up(url: str, workers: int) -> None:
     """Worker 0 listens first: wait until `/health` lists every worker with its pid."""
-    async with aiohttp.ClientSession() as http:
-        for _ in range(600):
-            async with http.get(url + "/health") as response:
-                health = await response.json()
-            if sum(1 for w in health.get("workers", []) if w.get("pid")) == workers:
-                return
-            await asyncio.sleep(0.1)
+    for _ in range(600):
+        if sum(1 for worker in await worker_health(url) if worker.get("pid")) == workers:
+            return
+        await asyncio.sleep(0.1)
     raise RuntimeError("the workers did not all start")
 
 
@@ -82,20 +82,9 @@ def main() -> None:
     print("|---|---|---|---|")
     for kind in args.kinds.split(","):
         for count in [int(n) for n in args.counts.split(",")]:
-            port = free_port()
-            command = agent_command(port, "--ice-host", "127.0.0.1",
-                                    "--max-unauthenticated-per-address", "0",
-                                    workers=args.workers)
-            with subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL,
-                                  stderr=subprocess.DEVNULL) as server:
-                try:
-                    wait_for_port(port, 60)
-                    url = f"http://127.0.0.1:{port}"
-                    asyncio.run(every_worker_up(url, args.workers))
-                    held, connected = asyncio.run(level(url, kind, count))
-                finally:
-                    server.terminate()
-                    server.wait(30)
+            with agent(args.workers) as (url, _):
+                asyncio.run(every_worker_up(url, args.workers))
+                held, connected = asyncio.run(level(url, kind, count))
             print(f"| {kind} | {count} | {connected} | {' / '.join(map(str, held))} |",
                   flush=True)
 
