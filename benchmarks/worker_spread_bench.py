@@ -3,14 +3,14 @@
     python benchmarks/worker_spread_bench.py [--kinds media-stream,rtp,webrtc]
                                              [--counts 20,60,100] [--workers 2]
 
-Each level starts a fresh server (as `workers_bench.py` does), waits for all its workers, opens `count` calls of one kind
-from this process, all at once (a bridge's or a test rig's burst; WebRTC callers are
-staggered 0.15 s apart, like arrivals), reads `/health` while every call is live and prints
-the calls each worker holds. Which worker
-accepts a connection is the kernel's (and asyncio's) choice: a new call over HTTP (RTP legs,
-WebRTC offers) is then handed to a lighter worker (signaling/worker_load.py), while a
-media-stream websocket stays where it was accepted unless that worker is full, when it is
-relayed to one with room (signaling/worker_relay.py). Prints a markdown table.
+Each level starts a fresh server (as `workers_bench.py` does), waits for all its workers,
+opens `count` calls of one kind from this process, all at once (a bridge's or a test rig's
+burst; WebRTC callers are staggered 0.15 s apart, like arrivals), reads `/health` while every
+call is live and prints the calls each worker holds. Which worker accepts a connection is the
+kernel's (and asyncio's) choice; a worker holding more calls than another then hands a new
+call there: one over HTTP (RTP legs, WebRTC offers) is re-posted, a media-stream websocket is
+handed as the connection itself (signaling/worker_load.py, signaling/worker_handoff.py).
+Prints a markdown table.
 """
 
 from __future__ import annotations
