@@ -21,6 +21,8 @@ import argparse
 import asyncio
 import base64
 import json
+import socket
+import struct
 import subprocess
 import sys
 import time
@@ -88,18 +90,27 @@ class SessionRecord:
         return {
             "opened": self.opened, "error": self.error,
             "chunk_ratio": len(later) / (window / PACKET_SECONDS),
-            "echo_ratio": sum(map(_is_loud, self.received_payloads)) / max(1, self.sent_loud),
+            "echo_ratio": sum(_loud_flags(self.received_payloads)) / max(1, self.sent_loud),
             "max_gap_ms": max(gaps, default=0.0) * 1000,
         }
 
 
-def _is_loud(payload: bytes) -> bool:
+def _loud_flags(payloads: list[bytes]) -> list[bool]:
+    """Which payloads carry audio rather than silence, judged for all at once (a numpy
+    call per packet would cost the client process more than the run it judges)."""
     import numpy as np
 
     from agent.telephony.g711 import mulaw_decode
 
-    pcm = mulaw_decode(payload).astype(np.float32)
-    return float(np.sqrt(np.mean(pcm * pcm))) > LOUD_RMS
+    sizes = np.array([len(p) for p in payloads], dtype=np.int64)
+    flags = np.zeros(len(payloads), dtype=bool)
+    filled = sizes > 0
+    if filled.any():
+        pcm = mulaw_decode(b"".join(payloads)).astype(np.float32)
+        starts = np.concatenate(([0], np.cumsum(sizes[filled])[:-1]))
+        energy = np.add.reduceat(pcm * pcm, starts)
+        flags[filled] = np.sqrt(energy / sizes[filled]) > LOUD_RMS
+    return flags.tolist()
 
 
 def _payloads(seconds: float) -> list[bytes]:
@@ -122,11 +133,29 @@ async def _pace(payload_count: int, send_all: Any) -> None:
             await asyncio.sleep(delay)
 
 
-async def run_media_stream_clients(url: str, count: int, seconds: float) -> list[dict[str, Any]]:
+class CoresWhile:
+    """The client process's own CPU over a block, in cores: what the callers cost while the
+    media flows, without their start-up and the judging after the run."""
+
+    cores: float | None = None
+
+    def __enter__(self) -> CoresWhile:
+        self._cpu, self._wall = time.process_time(), time.monotonic()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.cores = (time.process_time() - self._cpu) / max(1e-9, time.monotonic() - self._wall)
+
+
+# What a clients process reports: every session's summary and its own cores while sending.
+ClientsRun = tuple[list[dict[str, Any]], float | None]
+
+
+async def run_media_stream_clients(url: str, count: int, seconds: float) -> ClientsRun:
     import aiohttp
 
     payloads = _payloads(seconds)
-    loud = [_is_loud(p) for p in payloads]
+    loud = _loud_flags(payloads)
     media = [json.dumps({"event": "media", "streamSid": "MZbench", "media": {
         "track": "inbound", "chunk": str(i + 1), "timestamp": str(i * 20),
         "payload": base64.b64encode(p).decode("ascii")}}) for i, p in enumerate(payloads)]
@@ -172,27 +201,16 @@ async def run_media_stream_clients(url: str, count: int, seconds: float) -> list
                     continue
                 record.count_sent(loud[chunk], now)
 
-        await _pace(len(media), send_all)
-        await asyncio.sleep(TAIL_SECONDS)
+        with CoresWhile() as sending:
+            await _pace(len(media), send_all)
+            await asyncio.sleep(TAIL_SECONDS)
         stop = json.dumps({"event": "stop", "streamSid": "MZbench"})
         await asyncio.gather(*(sockets[i].send_str(stop) for i in live), return_exceptions=True)
         await asyncio.wait(readers, timeout=10)
         for reader in readers:
             reader.cancel()
         await asyncio.wait([asyncio.ensure_future(sockets[i].close()) for i in live], timeout=10)
-    return [record.summary() for record in records]
-
-
-class _RtpClient(asyncio.DatagramProtocol):
-    def __init__(self, record: SessionRecord) -> None:
-        self.record = record
-        self.transport: asyncio.DatagramTransport | None = None
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
-
-    def datagram_received(self, data: bytes, addr: Any) -> None:
-        self.record.heard(rtp_payload(data))
+    return [record.summary() for record in records], sending.cores
 
 
 def rtp_payload(datagram: bytes) -> bytes:
@@ -204,27 +222,83 @@ def rtp_payload(datagram: bytes) -> bytes:
     return datagram[offset:]
 
 
-async def run_rtp_clients(url: str, count: int, seconds: float) -> list[dict[str, Any]]:
+SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)  # Linux: each datagram's arrival time
+READ_EVERY_S = 0.005  # the callers drain their socket this often (the kernel stamps arrivals)
+
+
+def _caller_socket() -> socket.socket:
+    """The one UDP socket every leg's caller side sends from and hears on: one file
+    descriptor to drain, with room for many ticks' echoes of hundreds of legs, and the
+    kernel's arrival stamp on each datagram, so reading in batches keeps exact gaps."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    for name, force in (("SO_RCVBUF", "SO_RCVBUFFORCE"), ("SO_SNDBUF", "SO_SNDBUFFORCE")):
+        try:  # the forced size needs CAP_NET_ADMIN; the plain one is capped by rmem_max
+            sock.setsockopt(socket.SOL_SOCKET, getattr(socket, force, 33), 16 << 20)
+        except OSError:
+            sock.setsockopt(socket.SOL_SOCKET, getattr(socket, name), 16 << 20)
+    sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+    sock.bind(("127.0.0.1", 0))
+    sock.setblocking(False)
+    return sock
+
+
+def _exchange_rtp(sock: socket.socket, packets: list[list[bytes]],
+                  destinations: list[tuple[str, int]], records: list[SessionRecord]) -> None:
+    """Send chunk n to every leg at start + n * 20 ms, and drain every echo every 5 ms, in
+    one plain loop (no event loop, no wake-up per packet), so the callers cost the machine
+    far less than the server they measure. Arrival times are the kernel's (wall clock: only
+    their differences count); datagrams are kept whole and judged after the run."""
+    leg_of_source = {destination: index for index, destination in enumerate(destinations)}
+    arrivals = [record.arrivals for record in records]
+    datagrams = [record.received_payloads for record in records]
+    stamp_space = socket.CMSG_SPACE(16)
+    stamp = struct.Struct("qq").unpack
+    chunks = len(packets[0]) if packets else 0
+    started = time.monotonic()
+    stop_at = started + chunks * PACKET_SECONDS + TAIL_SECONDS
+    chunk = 0
+    while True:
+        now = time.monotonic()
+        if chunk < chunks and now >= started + chunk * PACKET_SECONDS:
+            for index, destination in enumerate(destinations):
+                try:
+                    sock.sendto(packets[index][chunk], destination)
+                except OSError as exc:
+                    records[index].error = records[index].error or repr(exc)
+            chunk += 1
+        while True:
+            try:
+                datagram, ancillary, _, source = sock.recvmsg(2048, stamp_space)
+            except BlockingIOError:
+                break
+            index = leg_of_source.get(source)
+            if index is not None and ancillary:
+                seconds, nanoseconds = stamp(ancillary[0][2])
+                arrivals[index].append(seconds + nanoseconds * 1e-9)
+                datagrams[index].append(datagram)
+        if now >= stop_at:
+            break
+        next_send = started + chunk * PACKET_SECONDS if chunk < chunks else stop_at
+        time.sleep(max(0.0, min(next_send, stop_at, now + READ_EVERY_S) - time.monotonic()))
+    for record in records:
+        record.received = len(record.arrivals)
+        record.received_payloads = [rtp_payload(d) for d in record.received_payloads]
+
+
+async def run_rtp_clients(url: str, count: int, seconds: float) -> ClientsRun:
     import aiohttp
     from aiortc.rtp import RtpPacket
 
     payloads = _payloads(seconds)
-    loud = [_is_loud(p) for p in payloads]
-    loop = asyncio.get_running_loop()
+    loud = _loud_flags(payloads)
     records = [SessionRecord() for _ in range(count)]
-    clients: list[_RtpClient] = []
-    for record in records:
-        _, client = await loop.create_datagram_endpoint(
-            lambda record=record: _RtpClient(record), local_addr=("127.0.0.1", 0))
-        clients.append(client)
+    sock = _caller_socket()
+    host, port = sock.getsockname()[:2]
     destinations: list[tuple[str, int] | None] = [None] * count
     call_ids: list[str | None] = [None] * count
     # No connection limit: aiohttp's default of 100 would queue the 101st session forever.
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
         async def open_one(index: int) -> None:
-            transport = clients[index].transport
-            assert transport is not None
-            host, port = transport.get_extra_info("sockname")[:2]
             try:
                 async with http.post(url + "/v1/telephony/rtp", json={
                     "remote": f"{host}:{port}", "codec": "PCMU"}) as response:
@@ -243,33 +317,26 @@ async def run_rtp_clients(url: str, count: int, seconds: float) -> list[dict[str
         live = [i for i in range(count) if destinations[i] is not None]
         packets = [[RtpPacket(payload_type=0, sequence_number=n, timestamp=n * CHUNK,
                               ssrc=1000 + i, payload=payload).serialize()
-                    for n, payload in enumerate(payloads)] for i in range(count)]
-
-        async def send_all(chunk: int) -> None:
-            now = time.monotonic()
-            for i in live:
-                clients[i].transport.sendto(  # type: ignore[union-attr]
-                    packets[i][chunk], destinations[i])
-                records[i].count_sent(loud[chunk], now)
-
-        await _pace(len(payloads), send_all)
-        await asyncio.sleep(TAIL_SECONDS)
+                    for n, payload in enumerate(payloads)] for i in live]
+        with CoresWhile() as sending:
+            await asyncio.to_thread(_exchange_rtp, sock, packets,
+                                    [destinations[i] for i in live],  # type: ignore[misc]
+                                    [records[i] for i in live])
         for i in live:
-            # The leg keeps sending until it is deleted: stop counting here.
-            clients[i].record = SessionRecord()  # type: ignore[assignment]
+            records[i].sent_chunks = len(payloads)
+            records[i].sent_loud = sum(loud)
 
         async def delete(call_id: str | None) -> None:
             async with http.delete(f"{url}/v1/telephony/rtp/{call_id}"):
                 pass
 
         await asyncio.wait([asyncio.ensure_future(delete(call_ids[i])) for i in live], timeout=20)
-    for client in clients:
-        client.transport.close()  # type: ignore[union-attr]
-    return [record.summary() for record in records]
+    sock.close()
+    return [record.summary() for record in records], sending.cores
 
 
 def clients_subprocess(kind: str, url: str, count: int, seconds: float,
-                       core: str | None = "1", niceness: int = 0) -> list[dict[str, Any]]:
+                       core: str | None = "1", niceness: int = 0) -> ClientsRun:
     """`count` sessions from one client process (pinned to `core`; None: anywhere; at
     `niceness`)."""
     command = placed(core, niceness) + [sys.executable, __file__, "clients", "--kind", kind,
@@ -279,10 +346,11 @@ def clients_subprocess(kind: str, url: str, count: int, seconds: float,
         result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True,
                                 timeout=seconds * 3 + 90)
     except subprocess.TimeoutExpired:
-        return [{"opened": False, "error": "the clients did not finish in time"}]
+        return [{"opened": False, "error": "the clients did not finish in time"}], None
     if result.returncode != 0:
         raise RuntimeError(result.stderr[-2000:])
-    return json.loads(result.stdout)
+    summaries, cores = json.loads(result.stdout)
+    return summaries, cores
 
 
 def level_passes(summaries: list[dict[str, Any]]) -> tuple[bool, str]:
@@ -309,7 +377,7 @@ def bench(kinds: list[str], levels: list[int], seconds: float, trials: int) -> N
                 with agent_server() as (url, pid):
                     before = cpu_seconds(pid)
                     started = time.monotonic()
-                    summaries = clients_subprocess(kind, url, count, seconds)
+                    summaries, _ = clients_subprocess(kind, url, count, seconds)
                     used = cpu_seconds(pid) - before
                     per_session = used / (time.monotonic() - started) / count * 100
                 ok, detail = level_passes(summaries)

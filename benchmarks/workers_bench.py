@@ -30,8 +30,8 @@ from harness import ROOT, agent_command, free_port, tree_cpu_seconds, wait_for_p
 
 RTP_RAMP_S = 2.0  # the RTP clients' start-up and opening of every leg, before the live window
 
-# (url, calls, seconds, echo delay in s) -> (passed, detail)
-LevelRunner = Callable[[str, int, float, float], tuple[bool, str]]
+# (url, calls, seconds, echo delay in s) -> (passed, detail, caller cores while sending)
+LevelRunner = Callable[[str, int, float, float], tuple[bool, str, float | None]]
 
 
 @contextmanager
@@ -56,15 +56,16 @@ def agent(workers: int) -> Iterator[tuple[str, int]]:
 
 
 def webrtc_level(url: str, count: int, seconds: float, delay_s: float, niceness: int = 0
-                 ) -> tuple[bool, str]:
-    return level_passes(callers_subprocess(url, count, seconds, "opus", True, core=None,
-                                           niceness=niceness), delay_s)
+                 ) -> tuple[bool, str, float | None]:
+    return *level_passes(callers_subprocess(url, count, seconds, "opus", True, core=None,
+                                            niceness=niceness), delay_s), None
 
 
 def rtp_level(url: str, count: int, seconds: float, delay_s: float, niceness: int = 0
-              ) -> tuple[bool, str]:
-    return telephony.level_passes(telephony.clients_subprocess(
-        "rtp", url, count, seconds, core=None, niceness=niceness))
+              ) -> tuple[bool, str, float | None]:
+    summaries, caller_cores = telephony.clients_subprocess("rtp", url, count, seconds,
+                                                           core=None, niceness=niceness)
+    return *telephony.level_passes(summaries), caller_cores
 
 
 def main() -> None:
@@ -81,7 +82,8 @@ def main() -> None:
     print(f"\nCalibration: frame cost {calibration():.3f} ms per frame per call "
           f"(`frame_cost_bench.py`, 1 call). Callers: {args.transport}, nice "
           f"{args.callers_nice}.\n")
-    print("| workers | calls | result | server cores live (avg) | caller cores (avg) | detail |")
+    print("| workers | calls | result | server cores live (avg) | caller cores sending (avg) "
+          "| detail |")
     print("|---|---|---|---|---|---|")
     run_level: LevelRunner = partial(webrtc_level if args.transport == "webrtc" else rtp_level,
                                      niceness=args.callers_nice)
@@ -113,13 +115,15 @@ def one_level(run_level: LevelRunner, workers: int, count: int, seconds: float,
         before, started = tree_cpu_seconds(pid), time.monotonic()
         caller_before = cpu_of_children()
         live = LiveWindowCpu(lambda: tree_cpu_seconds(pid), count, seconds, ramp_s)
-        ok, detail = run_level(url, count, seconds, delay_s)
+        ok, detail, caller_sending = run_level(url, count, seconds, delay_s)
         wall = time.monotonic() - started
         server_cores = (tree_cpu_seconds(pid) - before) / wall
         caller_cores = (cpu_of_children() - caller_before) / wall
         live_cores = live.result()
     live_text = "-" if live_cores is None else f"{live_cores:.2f}"
-    return ok, f"{live_text} ({server_cores:.2f}) | {caller_cores:.2f} | {detail}"
+    sending_text = "-" if caller_sending is None else f"{caller_sending:.2f}"
+    return ok, (f"{live_text} ({server_cores:.2f}) | {sending_text} ({caller_cores:.2f}) "
+                f"| {detail}")
 
 
 def cpu_of_children() -> float:
