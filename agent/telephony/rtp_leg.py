@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import functools
 import ipaddress
 import logging
 import random
@@ -290,6 +291,7 @@ class RtpLeg(TelephonyLeg):
         }
 
 
+@functools.lru_cache(maxsize=4096)  # parsed once per source, not 50 times a second per leg
 def _normalize_ip(host: str) -> str:
     try:
         return str(ipaddress.ip_address(host.split("%", 1)[0]))
