@@ -123,14 +123,18 @@ def _payloads(seconds: float) -> list[bytes]:
     return [mulaw_encode(pcm[i:i + CHUNK]) for i in range(0, len(pcm) - CHUNK + 1, CHUNK)]
 
 
-async def _pace(payload_count: int, send_all: Any) -> None:
-    """One loop sends chunk i for every session at start + i * 20 ms (cheap for the client)."""
+async def _pace(payload_count: int, send_all: Any) -> float:
+    """One loop sends chunk i for every session at start + i * 20 ms (cheap for the client);
+    how late, at worst, a chunk went out (s)."""
     started = time.monotonic()
+    worst_late = 0.0
     for index in range(payload_count):
+        worst_late = max(worst_late, time.monotonic() - started - index * PACKET_SECONDS)
         await send_all(index)
         delay = started + (index + 1) * PACKET_SECONDS - time.monotonic()
         if delay > 0:
             await asyncio.sleep(delay)
+    return worst_late
 
 
 class CoresWhile:
@@ -147,8 +151,10 @@ class CoresWhile:
         self.cores = (time.process_time() - self._cpu) / max(1e-9, time.monotonic() - self._wall)
 
 
-# What a clients process reports: every session's summary and its own cores while sending.
-ClientsRun = tuple[list[dict[str, Any]], float | None]
+# What a clients process reports: every session's summary, and its own figures while sending:
+# "cores" (its CPU) and "late_ms" (the worst lateness of a chunk it sent: a gap in what came
+# back may start on this side).
+ClientsRun = tuple[list[dict[str, Any]], dict[str, float | None]]
 
 
 async def run_media_stream_clients(url: str, count: int, seconds: float) -> ClientsRun:
@@ -202,7 +208,7 @@ async def run_media_stream_clients(url: str, count: int, seconds: float) -> Clie
                 record.count_sent(loud[chunk], now)
 
         with CoresWhile() as sending:
-            await _pace(len(media), send_all)
+            late_s = await _pace(len(media), send_all)
             await asyncio.sleep(TAIL_SECONDS)
         stop = json.dumps({"event": "stop", "streamSid": "MZbench"})
         await asyncio.gather(*(sockets[i].send_str(stop) for i in live), return_exceptions=True)
@@ -210,7 +216,8 @@ async def run_media_stream_clients(url: str, count: int, seconds: float) -> Clie
         for reader in readers:
             reader.cancel()
         await asyncio.wait([asyncio.ensure_future(sockets[i].close()) for i in live], timeout=10)
-    return [record.summary() for record in records], sending.cores
+    return ([record.summary() for record in records],
+            {"cores": sending.cores, "late_ms": late_s * 1000})
 
 
 def rtp_payload(datagram: bytes) -> bytes:
@@ -243,11 +250,12 @@ def _caller_socket() -> socket.socket:
 
 
 def _exchange_rtp(sock: socket.socket, packets: list[list[bytes]],
-                  destinations: list[tuple[str, int]], records: list[SessionRecord]) -> None:
+                  destinations: list[tuple[str, int]], records: list[SessionRecord]) -> float:
     """Send chunk n to every leg at start + n * 20 ms, and drain every echo every 5 ms, in
     one plain loop (no event loop, no wake-up per packet), so the callers cost the machine
     far less than the server they measure. Arrival times are the kernel's (wall clock: only
-    their differences count); datagrams are kept whole and judged after the run."""
+    their differences count); datagrams are kept whole and judged after the run. Returns how
+    late, at worst, a chunk went out (s)."""
     leg_of_source = {destination: index for index, destination in enumerate(destinations)}
     arrivals = [record.arrivals for record in records]
     datagrams = [record.received_payloads for record in records]
@@ -257,9 +265,11 @@ def _exchange_rtp(sock: socket.socket, packets: list[list[bytes]],
     started = time.monotonic()
     stop_at = started + chunks * PACKET_SECONDS + TAIL_SECONDS
     chunk = 0
+    worst_late = 0.0
     while True:
         now = time.monotonic()
         if chunk < chunks and now >= started + chunk * PACKET_SECONDS:
+            worst_late = max(worst_late, now - started - chunk * PACKET_SECONDS)
             for index, destination in enumerate(destinations):
                 try:
                     sock.sendto(packets[index][chunk], destination)
@@ -283,6 +293,7 @@ def _exchange_rtp(sock: socket.socket, packets: list[list[bytes]],
     for record in records:
         record.received = len(record.arrivals)
         record.received_payloads = [rtp_payload(d) for d in record.received_payloads]
+    return worst_late
 
 
 async def run_rtp_clients(url: str, count: int, seconds: float) -> ClientsRun:
@@ -319,7 +330,7 @@ async def run_rtp_clients(url: str, count: int, seconds: float) -> ClientsRun:
                               ssrc=1000 + i, payload=payload).serialize()
                     for n, payload in enumerate(payloads)] for i in live]
         with CoresWhile() as sending:
-            await asyncio.to_thread(_exchange_rtp, sock, packets,
+            late_s = await asyncio.to_thread(_exchange_rtp, sock, packets,
                                     [destinations[i] for i in live],  # type: ignore[misc]
                                     [records[i] for i in live])
         for i in live:
@@ -332,7 +343,8 @@ async def run_rtp_clients(url: str, count: int, seconds: float) -> ClientsRun:
 
         await asyncio.wait([asyncio.ensure_future(delete(call_ids[i])) for i in live], timeout=20)
     sock.close()
-    return [record.summary() for record in records], sending.cores
+    return ([record.summary() for record in records],
+            {"cores": sending.cores, "late_ms": late_s * 1000})
 
 
 def clients_subprocess(kind: str, url: str, count: int, seconds: float,
@@ -346,11 +358,12 @@ def clients_subprocess(kind: str, url: str, count: int, seconds: float,
         result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True,
                                 timeout=seconds * 3 + 90)
     except subprocess.TimeoutExpired:
-        return [{"opened": False, "error": "the clients did not finish in time"}], None
+        return ([{"opened": False, "error": "the clients did not finish in time"}],
+                {"cores": None, "late_ms": None})
     if result.returncode != 0:
         raise RuntimeError(result.stderr[-2000:])
-    summaries, cores = json.loads(result.stdout)
-    return summaries, cores
+    summaries, callers = json.loads(result.stdout)
+    return summaries, callers
 
 
 def level_passes(summaries: list[dict[str, Any]]) -> tuple[bool, str]:

@@ -30,8 +30,9 @@ from harness import ROOT, agent_command, free_port, tree_cpu_seconds, wait_for_p
 
 RTP_RAMP_S = 2.0  # the RTP clients' start-up and opening of every leg, before the live window
 
-# (url, calls, seconds, echo delay in s) -> (passed, detail, caller cores while sending)
-LevelRunner = Callable[[str, int, float, float], tuple[bool, str, float | None]]
+# (url, calls, seconds, echo delay in s) -> (passed, detail, the callers' own figures while
+# sending: "cores" and "late_ms", as `telephony_capacity_bench.ClientsRun`; empty: unknown)
+LevelRunner = Callable[[str, int, float, float], tuple[bool, str, dict[str, float | None]]]
 
 
 @contextmanager
@@ -56,16 +57,16 @@ def agent(workers: int) -> Iterator[tuple[str, int]]:
 
 
 def webrtc_level(url: str, count: int, seconds: float, delay_s: float, niceness: int = 0
-                 ) -> tuple[bool, str, float | None]:
+                 ) -> tuple[bool, str, dict[str, float | None]]:
     return *level_passes(callers_subprocess(url, count, seconds, "opus", True, core=None,
-                                            niceness=niceness), delay_s), None
+                                            niceness=niceness), delay_s), {}
 
 
 def rtp_level(url: str, count: int, seconds: float, delay_s: float, niceness: int = 0
-              ) -> tuple[bool, str, float | None]:
-    summaries, caller_cores = telephony.clients_subprocess("rtp", url, count, seconds,
-                                                           core=None, niceness=niceness)
-    return *telephony.level_passes(summaries), caller_cores
+              ) -> tuple[bool, str, dict[str, float | None]]:
+    summaries, callers = telephony.clients_subprocess("rtp", url, count, seconds,
+                                                      core=None, niceness=niceness)
+    return *telephony.level_passes(summaries), callers
 
 
 def main() -> None:
@@ -115,15 +116,18 @@ def one_level(run_level: LevelRunner, workers: int, count: int, seconds: float,
         before, started = tree_cpu_seconds(pid), time.monotonic()
         caller_before = cpu_of_children()
         live = LiveWindowCpu(lambda: tree_cpu_seconds(pid), count, seconds, ramp_s)
-        ok, detail, caller_sending = run_level(url, count, seconds, delay_s)
+        ok, detail, callers = run_level(url, count, seconds, delay_s)
         wall = time.monotonic() - started
         server_cores = (tree_cpu_seconds(pid) - before) / wall
         caller_cores = (cpu_of_children() - caller_before) / wall
         live_cores = live.result()
     live_text = "-" if live_cores is None else f"{live_cores:.2f}"
-    sending_text = "-" if caller_sending is None else f"{caller_sending:.2f}"
+    sending = callers.get("cores")
+    sending_text = "-" if sending is None else f"{sending:.2f}"
+    late = callers.get("late_ms")
+    late_text = "" if late is None else f", callers' latest send {late:.0f} ms"
     return ok, (f"{live_text} ({server_cores:.2f}) | {sending_text} ({caller_cores:.2f}) "
-                f"| {detail}")
+                f"| {detail}{late_text}")
 
 
 def cpu_of_children() -> float:
