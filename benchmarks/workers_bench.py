@@ -6,13 +6,15 @@
 Nothing is pinned: the server (its supervisor and workers) and the one caller process share
 every core, the same way for each worker count, so the caller's own CPU is part of both runs.
 `webrtc` callers are aiortc peers sending pre-encoded Opus (they do not encode); `rtp`
-callers are the RTP legs of `telephony_capacity_bench.py` (PCMU, no SRTP or ICE, one pacing
-loop for all, what came back judged after the run): far cheaper per call than an aiortc
-peer, so they leave most of the machine to the server. A level passes as in
+callers are the RTP legs of `telephony_capacity_bench.py` (PCMU, no SRTP or ICE; one socket
+and one plain loop for every leg, drained every 5 ms with the kernel's arrival stamps, what
+came back judged after the run): about 0.05 % of a core per leg while sending, a tenth of
+what the server spends on it, so they leave most of the machine to the server. A level passes as in
 `echo_bench.py capacity` / `telephony_capacity_bench.py` (every call connected, no gap over
 60 ms after the first second, >= 99 % received and echoed); a failing level is tried once
 more. Each row gives the server's CPU in cores (all its processes) while every call was live
-and over the whole level, and the caller process's over the level. Prints a markdown table.
+and over the whole level, and the caller process's while sending (and over the level), with
+the worst lateness of what the callers sent. Prints a markdown table.
 """
 
 from __future__ import annotations
