@@ -67,6 +67,9 @@ class SessionRecord:
     received_payloads: list[bytes] = field(default_factory=list)
     first_sent_at: float | None = None
     last_sent_at: float | None = None
+    # When the caller's media began (on the arrivals' clock); None: at the first arrival. A
+    # leg answers from the moment it opens, before its caller sends anything.
+    media_from: float | None = None
 
     def count_sent(self, loud: bool, now: float) -> None:
         self.sent_chunks += 1
@@ -83,7 +86,7 @@ class SessionRecord:
         if not self.arrivals:
             return {"opened": self.opened, "error": self.error or "nothing received"}
         # The first second (sessions still being set up) is left out of both measures.
-        start = self.arrivals[0] + 1.0
+        start = (self.arrivals[0] if self.media_from is None else self.media_from) + 1.0
         later = [t for t in self.arrivals if t >= start]
         gaps = [b - a for a, b in zip(later, later[1:])]
         window = later[-1] - later[0] + PACKET_SECONDS if later else PACKET_SECONDS
@@ -263,6 +266,8 @@ def _exchange_rtp(sock: socket.socket, packets: list[list[bytes]],
     stamp = struct.Struct("qq").unpack
     chunks = len(packets[0]) if packets else 0
     started = time.monotonic()
+    for record in records:
+        record.media_from = time.time()  # the kernel's stamps are wall-clock time
     stop_at = started + chunks * PACKET_SECONDS + TAIL_SECONDS
     chunk = 0
     worst_late = 0.0
@@ -302,6 +307,11 @@ async def run_rtp_clients(url: str, count: int, seconds: float) -> ClientsRun:
 
     payloads = _payloads(seconds)
     loud = _loud_flags(payloads)
+    # Built before any leg opens: this is most of the callers' CPU, and the legs already
+    # answering would share the machine with it.
+    packets = [[RtpPacket(payload_type=0, sequence_number=n, timestamp=n * CHUNK,
+                          ssrc=1000 + i, payload=payload).serialize()
+                for n, payload in enumerate(payloads)] for i in range(count)]
     records = [SessionRecord() for _ in range(count)]
     sock = _caller_socket()
     host, port = sock.getsockname()[:2]
@@ -326,11 +336,8 @@ async def run_rtp_clients(url: str, count: int, seconds: float) -> ClientsRun:
 
         await asyncio.gather(*(open_one(i) for i in range(count)))
         live = [i for i in range(count) if destinations[i] is not None]
-        packets = [[RtpPacket(payload_type=0, sequence_number=n, timestamp=n * CHUNK,
-                              ssrc=1000 + i, payload=payload).serialize()
-                    for n, payload in enumerate(payloads)] for i in live]
         with CoresWhile() as sending:
-            late_s = await asyncio.to_thread(_exchange_rtp, sock, packets,
+            late_s = await asyncio.to_thread(_exchange_rtp, sock, [packets[i] for i in live],
                                     [destinations[i] for i in live],  # type: ignore[misc]
                                     [records[i] for i in live])
         for i in live:
