@@ -38,12 +38,12 @@ LevelRunner = Callable[[str, int, float, float], tuple[bool, str, dict[str, floa
 
 
 @contextmanager
-def agent(workers: int) -> Iterator[tuple[str, int]]:
+def agent(workers: int, niceness: int = 0) -> Iterator[tuple[str, int]]:
     port = free_port()
     command = agent_command(port, "--ice-host", "127.0.0.1",
                             "--max-unauthenticated-per-address", "0",
                             "--rtp-ports", "42000-45999", "--idle-timeout", "30",
-                            workers=workers)
+                            "--nice", str(niceness), workers=workers)
     process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL,
                                stderr=subprocess.DEVNULL)
     try:
@@ -81,10 +81,13 @@ def main() -> None:
     parser.add_argument("--callers-nice", type=int, default=0, metavar="N",
                         help="run the caller process at this niceness in every run (negative: "
                         "the measuring callers ahead of the server's workers; needs root)")
+    parser.add_argument("--server-nice", type=int, default=0, metavar="N",
+                        help="start the server with --nice N in every run (negative: its "
+                        "workers ahead of the callers; needs root)")
     args = parser.parse_args()
     print(f"\nCalibration: frame cost {calibration():.3f} ms per frame per call "
           f"(`frame_cost_bench.py`, 1 call). Callers: {args.transport}, nice "
-          f"{args.callers_nice}.\n")
+          f"{args.callers_nice}; server nice {args.server_nice}.\n")
     print("| workers | calls | result | server cores live (avg) | caller cores sending (avg) "
           "| detail |")
     print("|---|---|---|---|---|---|")
@@ -93,14 +96,15 @@ def main() -> None:
     for workers in [int(n) for n in args.workers.split(",")]:
         delay_s = 0.3
         if args.transport == "webrtc":
-            with agent(workers) as (url, _):
+            with agent(workers, args.server_nice) as (url, _):
                 report = callers_subprocess(url, 1, 4, "opus", False, core=None)[0]
                 delay_s = (report["delay_ms"] or 300) / 1000
         best = 0
         for count in [int(n) for n in args.levels.split(",")]:
             for attempt in (1, 2):
                 ok, row = one_level(run_level, workers, count, args.seconds, delay_s,
-                                    RTP_RAMP_S if args.transport == "rtp" else None)
+                                    RTP_RAMP_S if args.transport == "rtp" else None,
+                                    args.server_nice)
                 if ok or attempt == 2:
                     break
                 print(f"| {workers} | {count} | (retry) | {row} |", flush=True)
@@ -113,8 +117,8 @@ def main() -> None:
 
 
 def one_level(run_level: LevelRunner, workers: int, count: int, seconds: float,
-              delay_s: float, ramp_s: float | None) -> tuple[bool, str]:
-    with agent(workers) as (url, pid):
+              delay_s: float, ramp_s: float | None, server_nice: int = 0) -> tuple[bool, str]:
+    with agent(workers, server_nice) as (url, pid):
         before, started = tree_cpu_seconds(pid), time.monotonic()
         caller_before = cpu_of_children()
         live = LiveWindowCpu(lambda: tree_cpu_seconds(pid), count, seconds, ramp_s)
