@@ -232,7 +232,9 @@ def rtp_payload(datagram: bytes) -> bytes:
     return datagram[offset:]
 
 
-SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)  # Linux: each datagram's arrival time
+# Linux socket options Python's socket module does not name (asm-generic/socket.h).
+SO_SNDBUFFORCE, SO_RCVBUFFORCE = 32, 33  # a buffer size beyond wmem_max/rmem_max (root)
+SO_TIMESTAMPNS = 35  # each datagram's arrival time, in its ancillary data
 READ_EVERY_S = 0.005  # the callers drain their socket this often (the kernel stamps arrivals)
 
 
@@ -241,11 +243,11 @@ def _caller_socket() -> socket.socket:
     descriptor to drain, with room for many ticks' echoes of hundreds of legs, and the
     kernel's arrival stamp on each datagram, so reading in batches keeps exact gaps."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    for name, force in (("SO_RCVBUF", "SO_RCVBUFFORCE"), ("SO_SNDBUF", "SO_SNDBUFFORCE")):
-        try:  # the forced size needs CAP_NET_ADMIN; the plain one is capped by rmem_max
-            sock.setsockopt(socket.SOL_SOCKET, getattr(socket, force, 33), 16 << 20)
+    for plain, forced in ((socket.SO_RCVBUF, SO_RCVBUFFORCE), (socket.SO_SNDBUF, SO_SNDBUFFORCE)):
+        try:  # the forced size needs CAP_NET_ADMIN; the plain one is capped by r/wmem_max
+            sock.setsockopt(socket.SOL_SOCKET, forced, 16 << 20)
         except OSError:
-            sock.setsockopt(socket.SOL_SOCKET, getattr(socket, name), 16 << 20)
+            sock.setsockopt(socket.SOL_SOCKET, plain, 16 << 20)
     sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
     sock.bind(("127.0.0.1", 0))
     sock.setblocking(False)
