@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
+from collections.abc import Awaitable
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +27,8 @@ import aiohttp
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from echo_bench import STAGGER_S, run_callers  # noqa: E402
-from telephony_capacity_bench import run_media_stream_clients, run_rtp_clients  # noqa: E402
+from telephony_capacity_bench import (ClientsRun, run_media_stream_clients,  # noqa: E402
+                                      run_rtp_clients)
 from workers_bench import agent  # noqa: E402
 
 HOLD_SECONDS = 8.0
@@ -53,12 +55,18 @@ async def every_worker_up(url: str, workers: int) -> None:
     raise RuntimeError("the workers did not all start")
 
 
+async def sessions(clients: Awaitable[ClientsRun]) -> list[dict[str, Any]]:
+    """The bridge clients' per-session summaries (their own figures are not needed here)."""
+    summaries, _ = await clients
+    return summaries
+
+
 async def level(url: str, kind: str, count: int) -> tuple[list[int], int]:
     """Calls each worker held mid-call, and how many of the `count` calls connected."""
     if kind == "media-stream":
-        calls, ramp_s = run_media_stream_clients(url, count, HOLD_SECONDS), 1.0
+        calls, ramp_s = sessions(run_media_stream_clients(url, count, HOLD_SECONDS)), 1.0
     elif kind == "rtp":
-        calls, ramp_s = run_rtp_clients(url, count, HOLD_SECONDS), 1.0
+        calls, ramp_s = sessions(run_rtp_clients(url, count, HOLD_SECONDS)), 1.0
     else:  # staggered arrivals: each call lasts until the last one has been live a while
         ramp_s = count * STAGGER_S + 2
         calls = run_callers(url, count, ramp_s + HOLD_SECONDS, "opus", True)
