@@ -267,9 +267,9 @@ def _exchange_rtp(sock: socket.socket, packets: list[list[bytes]],
     stamp_space = socket.CMSG_SPACE(16)
     stamp = struct.Struct("qq").unpack
     chunks = len(packets[0]) if packets else 0
-    started = time.monotonic()
+    started, media_from = time.monotonic(), time.time()  # the kernel's stamps: wall clock
     for record in records:
-        record.media_from = time.time()  # the kernel's stamps are wall-clock time
+        record.media_from = media_from
     stop_at = started + chunks * PACKET_SECONDS + TAIL_SECONDS
     chunk = 0
     worst_late = 0.0
@@ -339,9 +339,10 @@ async def run_rtp_clients(url: str, count: int, seconds: float) -> ClientsRun:
         await asyncio.gather(*(open_one(i) for i in range(count)))
         live = [i for i in range(count) if destinations[i] is not None]
         with CoresWhile() as sending:
-            late_s = await asyncio.to_thread(_exchange_rtp, sock, [packets[i] for i in live],
-                                    [destinations[i] for i in live],  # type: ignore[misc]
-                                    [records[i] for i in live])
+            late_s = await asyncio.to_thread(
+                _exchange_rtp, sock, [packets[i] for i in live],
+                [destinations[i] for i in live],  # type: ignore[misc]
+                [records[i] for i in live])
         for i in live:
             records[i].sent_chunks = len(payloads)
             records[i].sent_loud = sum(loud)
