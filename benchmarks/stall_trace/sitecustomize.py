@@ -43,6 +43,15 @@ if os.environ.get("AGENT_STALL_TRACE_DIR"):
             return "kernel state unknown"
         return f"state {state}" + ("" if call == "running" else f" in syscall {call}")
 
+    def _schedstat(tid: int) -> tuple[int, int]:
+        """(ns on a core, ns waiting for one) of a thread, as the kernel counts them."""
+        try:
+            with open(f"/proc/self/task/{tid}/schedstat") as stat:
+                on_cpu, waiting, _ = stat.read().split()
+        except (OSError, ValueError):
+            return 0, 0
+        return int(on_cpu), int(waiting)
+
     def _python_stack() -> str:
         frame = sys._current_frames().get(_main.ident or 0)
         if frame is None:
@@ -55,15 +64,20 @@ if os.environ.get("AGENT_STALL_TRACE_DIR"):
         with open(os.path.join(folder, f"stall-{os.getpid()}.log"), "a", buffering=1) as log:
             samples: collections.Counter[str] = collections.Counter()
             began: float | None = None
+            sched_before = (0, 0)
             while True:
                 time.sleep(HEARTBEAT_S)
                 if time.monotonic() - _last_beat[0] > STALL_S:
-                    began = began or _last_beat[0]
+                    if began is None:
+                        began = _last_beat[0]
+                        sched_before = _schedstat(tid)
                     samples[_kernel_state(tid)] += 1
                     samples[_python_stack()] += 1
                 elif began is not None:
+                    on_cpu, waiting = (b - a for a, b in zip(sched_before, _schedstat(tid)))
                     log.write(f"{time.time():.3f} stall {1000 * (time.monotonic() - began):.0f} ms"
-                              f" {os.path.basename(sys.argv[0])}\n")
+                              f" {os.path.basename(sys.argv[0])} on-core {on_cpu / 1e6:.0f} ms"
+                              f" runqueue {waiting / 1e6:.0f} ms\n")
                     for sample, count in samples.most_common(5):
                         log.write(f"    {count} {sample}\n")
                     samples.clear()
