@@ -236,6 +236,7 @@ def rtp_payload(datagram: bytes) -> bytes:
 SO_SNDBUFFORCE, SO_RCVBUFFORCE = 32, 33  # a buffer size beyond wmem_max/rmem_max (root)
 SO_TIMESTAMPNS = 35  # each datagram's arrival time, in its ancillary data
 READ_EVERY_S = 0.005  # the callers drain their socket this often (the kernel stamps arrivals)
+SEND_PHASES = 4  # the callers' sends are spread over this many phases of each 20 ms
 
 
 def _caller_socket() -> socket.socket:
@@ -256,33 +257,39 @@ def _caller_socket() -> socket.socket:
 
 def _exchange_rtp(sock: socket.socket, packets: list[list[bytes]],
                   destinations: list[tuple[str, int]], records: list[SessionRecord]) -> float:
-    """Send chunk n to every leg at start + n * 20 ms, and drain every echo every 5 ms, in
-    one plain loop (no event loop, no wake-up per packet), so the callers cost the machine
-    far less than the server they measure. Arrival times are the kernel's (wall clock: only
-    their differences count); datagrams are kept whole and judged after the run. Returns how
-    late, at worst, a chunk went out (s)."""
+    """Send chunk n to leg i at start + n * 20 ms + (i mod 4) * 5 ms, and drain every echo
+    every 5 ms, in one plain loop (no event loop, no wake-up per packet), so the callers cost
+    the machine far less than the server they measure. The legs' sends are spread over four
+    phases of the 20 ms, as a PBX's calls (started at random times) spread theirs, rather
+    than every leg's packet landing on the server in the same instant. Arrival times are the
+    kernel's (wall clock: only their differences count); datagrams are kept whole and judged
+    after the run. Returns how late, at worst, a chunk went out (s)."""
     leg_of_source = {destination: index for index, destination in enumerate(destinations)}
     arrivals = [record.arrivals for record in records]
     datagrams = [record.received_payloads for record in records]
     stamp_space = socket.CMSG_SPACE(16)
     stamp = struct.Struct("qq").unpack
     chunks = len(packets[0]) if packets else 0
+    phase_seconds = PACKET_SECONDS / SEND_PHASES
+    phase_legs = [list(range(phase, len(destinations), SEND_PHASES))
+                  for phase in range(SEND_PHASES)]
     started, media_from = time.monotonic(), time.time()  # the kernel's stamps: wall clock
     for record in records:
         record.media_from = media_from
     stop_at = started + chunks * PACKET_SECONDS + TAIL_SECONDS
-    chunk = 0
+    step, steps = 0, chunks * SEND_PHASES  # step: one phase's sends of one chunk
     worst_late = 0.0
     while True:
         now = time.monotonic()
-        if chunk < chunks and now >= started + chunk * PACKET_SECONDS:
-            worst_late = max(worst_late, now - started - chunk * PACKET_SECONDS)
-            for index, destination in enumerate(destinations):
+        while step < steps and now >= started + step * phase_seconds:
+            worst_late = max(worst_late, now - started - step * phase_seconds)
+            chunk, phase = divmod(step, SEND_PHASES)
+            for index in phase_legs[phase]:
                 try:
-                    sock.sendto(packets[index][chunk], destination)
+                    sock.sendto(packets[index][chunk], destinations[index])
                 except OSError as exc:
                     records[index].error = records[index].error or repr(exc)
-            chunk += 1
+            step += 1
         while True:
             try:
                 datagram, ancillary, _, source = sock.recvmsg(2048, stamp_space)
@@ -295,7 +302,7 @@ def _exchange_rtp(sock: socket.socket, packets: list[list[bytes]],
                 datagrams[index].append(datagram)
         if now >= stop_at:
             break
-        next_send = started + chunk * PACKET_SECONDS if chunk < chunks else stop_at
+        next_send = started + step * phase_seconds if step < steps else stop_at
         time.sleep(max(0.0, min(next_send, stop_at, now + READ_EVERY_S) - time.monotonic()))
     for record in records:
         record.received = len(record.arrivals)
