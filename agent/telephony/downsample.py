@@ -1,4 +1,9 @@
-"""Agent audio (float32 at the plugin's rate) → exact 20 ms int16 chunks at a codec's rate."""
+"""Agent audio (float32 at the plugin's rate) → exact 20 ms int16 chunks at a codec's rate.
+
+The small ratios of a phone codec to a model (24 kHz → 8 or 16 kHz) go through a polyphase
+filter of our own (polyphase.py: a 20 ms chunk in a few microseconds, each chunk out whole);
+any other ratio through libswresample.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +11,7 @@ import av
 import numpy as np
 
 from ..outbound import float_to_s16
+from ..polyphase import PolyphaseResampler, supported
 from ..sample_fifo import SampleFifo
 from .codec import PTIME
 
@@ -25,9 +31,13 @@ class ChunkResampler:
         self.source_samples = int(source_rate * PTIME)
         self.target_samples = int(target_rate * PTIME)
         self._fifo = SampleFifo(self.target_samples * 50)
+        self._polyphase = (
+            PolyphaseResampler(source_rate, target_rate, self.source_samples)
+            if source_rate != target_rate and supported(source_rate, target_rate) else None
+        )
         self._resampler = (
             av.AudioResampler(format="s16", layout="mono", rate=target_rate)
-            if source_rate != target_rate
+            if source_rate != target_rate and self._polyphase is None
             else None
         )
         self._started = False
@@ -38,9 +48,13 @@ class ChunkResampler:
         """Free libav's resampler (and its threads) now, not when a GC cycle finds the leg."""
         self.closed = True
         self._resampler = None
+        self._polyphase = None
 
     def convert(self, samples: np.ndarray | None) -> np.ndarray:
         """`samples`: float32 mono, `source_samples` long, or None for silence."""
+        if self._polyphase is not None:
+            source = np.zeros(self.source_samples, dtype=np.float32) if samples is None else samples
+            return float_to_s16(self._polyphase.convert(source))
         pcm = (
             np.zeros(self.source_samples, dtype=np.int16) if samples is None
             else float_to_s16(samples)
