@@ -23,6 +23,7 @@ from .rtc_tuning import AUDIO_CODECS, accept_rsa_dtls_peers, missing_internals
 from .rtc_tuning.sctp_limit import limit_data_channel_messages
 from .sdp import check_offer_sdp
 from .metrics import AgentMetrics
+from .telephony.send_clock import SendClock
 from .ticker import Ticker
 from .webrtc_leg import WebRtcLeg, new_call_id
 
@@ -53,6 +54,7 @@ class MediaAgent:
         accept_rsa_dtls_peers()
         limit_data_channel_messages()
         self.ticker = Ticker(plugin)
+        self.send_clock = SendClock()  # the 20 ms sends of every RTP leg
         self.metrics = AgentMetrics(plugin.id)
         self.legs = LegRegistry(on_added=self._leg_started, on_removed=self._leg_ended)
         self._started = False
@@ -185,6 +187,7 @@ class MediaAgent:
     async def close(self) -> None:
         await asyncio.gather(*(leg.close("shutdown") for leg in self.legs),
                              return_exceptions=True)
+        self.send_clock.close()
         await self.ticker.close()
         await self.plugin.close()
 

@@ -12,6 +12,7 @@ from .clock import Clock
 # A packet released this long after the one before leaves a hole in the audio at the
 # receiver: the capacity benchmark's timing criterion (60 ms), seen from the sender.
 HOLE_SECONDS = 0.06
+_SAME_TICK = 1e-6  # due times and a shared clock's ticks, computed apart, may differ by this
 
 
 class Pacer:
@@ -24,6 +25,28 @@ class Pacer:
         self.reanchors = 0
         self.late_sends = 0  # packets released more than HOLE_SECONDS after the one before
         self._released_at: float | None = None
+
+    def take_due(self, tick_at: float, now: float) -> int:
+        """Pacing driven from outside (a shared clock calling on the sender's phase every
+        period, see telephony/send_clock.py): how many packets are due at the clock's tick
+        `tick_at` (normally 1; 0 before the first is due), read at `now`. The timeline starts
+        at the first tick; when it has fallen behind by more than `max_lateness` it restarts
+        at this tick rather than bursting the missed packets out."""
+        if self._anchor is None:
+            self._anchor = tick_at
+            self._index = 0
+        due = self._anchor + self._index * self.period
+        if now - due > self.max_lateness:
+            self._anchor = tick_at
+            self._index = 0
+            self.reanchors += 1
+            due = tick_at
+        if due > tick_at + _SAME_TICK:
+            return 0
+        count = int((tick_at + _SAME_TICK - due) // self.period) + 1
+        self._note_release(now)
+        self._index += count
+        return count
 
     async def wait_next(self) -> None:
         """Sleep until the next packet is due."""
@@ -39,11 +62,13 @@ class Pacer:
             self.reanchors += 1
             due = now
         await self.clock.sleep_until(due)
-        released = self.clock.now()
+        self._note_release(self.clock.now())
+        self._index += 1
+
+    def _note_release(self, released: float) -> None:
         if self._released_at is not None and released - self._released_at > HOLE_SECONDS:
             self.late_sends += 1
         self._released_at = released
-        self._index += 1
 
     @property
     def next_due(self) -> float | None:

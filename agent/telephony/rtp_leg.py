@@ -7,7 +7,8 @@ agent's address and the agent learns Asterisk's from the first packet). Packets 
 other source, with another payload type, or that do not parse are counted and ignored.
 Inbound packets go through a small jitter buffer played on the leg's 20 ms clock (see
 rtp_jitter.py); the agent's audio goes back as RTP on the same tick (160 bytes of G.711, or
-640 bytes of L16/16000) to the remote. Keypad digits sent as RFC 4733 telephone-events (on
+640 bytes of L16/16000) to the remote. The tick comes from the process's one `SendClock`
+(send_clock.py), not from a task per leg. Keypad digits sent as RFC 4733 telephone-events (on
 `dtmf_payload_type`, 101 unless told otherwise) become DTMF session events, as on the
 media-stream websocket.
 """
@@ -21,6 +22,7 @@ import ipaddress
 import logging
 import random
 import secrets
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -170,6 +172,8 @@ class RtpLeg(TelephonyLeg):
         self._sequence = secrets.randbits(16)
         self._timestamp = secrets.randbits(32)
         self._first_packet = True
+        self._send_clock = agent.send_clock
+        self._leave_send_clock: Callable[[], None] | None = None
 
     @property
     def local_text(self) -> str:
@@ -247,7 +251,31 @@ class RtpLeg(TelephonyLeg):
 
     # -- outbound ---------------------------------------------------------------------------
 
+    def start_sending(self) -> None:
+        self._leave_send_clock = self._send_clock.join(self._send_due)
+
+    def _stop_sending(self) -> None:
+        if self._leave_send_clock is not None:
+            self._leave_send_clock()
+
+    def _send_due(self, tick_at: float, now: float) -> None:
+        """The send clock's tick on this leg's phase: the packets now due (one, as a rule)."""
+        if self.closing:
+            self._stop_sending()
+            return
+        for _ in range(self.pacer.take_due(tick_at, now)):
+            try:
+                self._send_one(self.next_payload())
+            except (ConnectionError, OSError, RuntimeError) as exc:
+                log.info("%s: send failed (%r); ending", self.id, exc)
+                self._stop_sending()
+                self.tasks.spawn(self.close("transport_closed"), "close")
+                return
+
     async def send_chunk(self, payload: bytes) -> None:
+        self._send_one(payload)
+
+    def _send_one(self, payload: bytes) -> None:
         self._play_one()  # the inbound side runs on the same 20 ms clock
         if self.remote is None:
             return  # latching: nowhere to send until the remote speaks first
@@ -269,6 +297,7 @@ class RtpLeg(TelephonyLeg):
         return None if samples is None else round(1000 * samples / self.codec.sample_rate, 3)
 
     async def close_socket(self, reason: str) -> None:
+        self._stop_sending()
         self.socket.close()
 
     def stats(self) -> dict[str, Any]:
