@@ -14,6 +14,8 @@ output samples (n must be a multiple of `down`), delayed by the filter's fixed g
 
 from __future__ import annotations
 
+import functools
+from dataclasses import dataclass
 from fractions import Fraction
 from math import gcd
 
@@ -45,42 +47,65 @@ def lowpass(up: int, down: int) -> np.ndarray:
     return taps * up / taps.sum()
 
 
+@dataclass(frozen=True)
+class _Layout:
+    """What every resampler of one (source rate, target rate, chunk) shares."""
+
+    up: int
+    down: int
+    row: int
+    history_rows: int
+    matrices: np.ndarray  # read-only
+    delay_samples: int
+
+
+@functools.lru_cache(maxsize=64)
+def _layout(source_rate: int, target_rate: int, chunk_samples: int) -> _Layout:
+    """Built once per rate pair (about a millisecond of Python): a burst of new calls must not
+    pay it call by call on the event loop."""
+    divisor = gcd(source_rate, target_rate)
+    up, down = target_rate // divisor, source_rate // divisor
+    taps = lowpass(up, down)
+    span = -(-len(taps) // up)  # input samples one output reaches over
+    row = _row_length(chunk_samples, down, span)
+    # The input is laid out in rows of `row` samples (the chunk's rows after a few rows of
+    # history). Output i of a row sits at upsampled time i * down: on input sample
+    # floor(i * down / up) of that row, filter phase (i * down) mod up. Its taps reach back
+    # over `span` samples, into earlier rows: so each row's output is a sum of matrix
+    # products, one per row it reaches (`matrices[k]`: k rows back), each over plain
+    # contiguous rows, which BLAS takes as they are.
+    outputs_per_row = row * up // down
+    history_rows = -(-(span - 1) // row)
+    matrices = np.zeros((history_rows + 1, row, outputs_per_row))
+    for i in range(outputs_per_row):
+        offset, phase = divmod(i * down, up)
+        for j in range(span):  # tap phase + j*up weighs input sample offset - j
+            tap = phase + j * up
+            if tap < len(taps):
+                rows_back, position = divmod(offset - j, row)
+                matrices[-rows_back, position, i] = taps[tap]
+    matrices = matrices.astype(np.float32)
+    matrices.flags.writeable = False
+    return _Layout(up, down, row, history_rows, matrices, (len(taps) - 1) // 2 // down)
+
+
 class PolyphaseResampler:
     """float32 mono chunks at `source_rate` → float32 at `target_rate`, state carried over."""
 
     def __init__(self, source_rate: int, target_rate: int, chunk_samples: int) -> None:
         self.source_rate = source_rate
         self.target_rate = target_rate
-        divisor = gcd(source_rate, target_rate)
-        self.up = target_rate // divisor
-        self.down = source_rate // divisor
-        taps = lowpass(self.up, self.down)
-        span = -(-len(taps) // self.up)  # input samples one output reaches over
-        self.row = _row_length(chunk_samples, self.down, span)
+        layout = _layout(source_rate, target_rate, chunk_samples)
+        self.up, self.down, self.row = layout.up, layout.down, layout.row
+        self.history_rows = layout.history_rows
+        self._matrices = layout.matrices
+        # The filter's group delay: the stream comes out this many samples late (about 2 ms).
+        self.delay_samples = layout.delay_samples
         self.chunk_samples = chunk_samples
         self.output_samples = chunk_samples * self.up // self.down
-        # The input is laid out in rows of `row` samples (the chunk's rows after a few rows of
-        # history). Output i of a row sits at upsampled time i * down: on input sample
-        # floor(i * down / up) of that row, filter phase (i * down) mod up. Its taps reach
-        # back over `span` samples, into earlier rows: so each row's output is a sum of
-        # matrix products, one per row it reaches (`self._matrices[k]`: k rows back), each
-        # over plain contiguous rows, which BLAS takes as they are.
-        outputs_per_row = self.row * self.up // self.down
-        self.history_rows = -(-(span - 1) // self.row)
-        matrices = np.zeros((self.history_rows + 1, self.row, outputs_per_row))
-        for i in range(outputs_per_row):
-            offset, phase = divmod(i * self.down, self.up)
-            for j in range(span):  # tap phase + j*up weighs input sample offset - j
-                tap = phase + j * self.up
-                if tap < len(taps):
-                    rows_back, position = divmod(offset - j, self.row)
-                    matrices[-rows_back, position, i] = taps[tap]
-        self._matrices = matrices.astype(np.float32)
         self._rows = chunk_samples // self.row
         self._buffer = np.zeros((self.history_rows + self._rows, self.row), dtype=np.float32)
         self._pending = np.zeros(0, dtype=np.float32)  # the start of an unfinished row
-        # The filter's group delay: the stream comes out this many samples late (about 2 ms).
-        self.delay_samples = (len(taps) - 1) // 2 // self.down
 
     def convert(self, samples: np.ndarray) -> np.ndarray:
         """Input samples (any real dtype, scaled to ±1) → the output they complete. A chunk of
