@@ -32,15 +32,7 @@ class Pacer:
         `tick_at` (normally 1; 0 before the first is due), read at `now`. The timeline starts
         at the first tick; when it has fallen behind by more than `max_lateness` it restarts
         at this tick rather than bursting the missed packets out."""
-        if self._anchor is None:
-            self._anchor = tick_at
-            self._index = 0
-        due = self._anchor + self._index * self.period
-        if now - due > self.max_lateness:
-            self._anchor = tick_at
-            self._index = 0
-            self.reanchors += 1
-            due = tick_at
+        due = self._next_due_at(now, restart_at=tick_at)
         if due > tick_at + _SAME_TICK:
             return 0
         count = int((tick_at + _SAME_TICK - due) // self.period) + 1
@@ -51,19 +43,23 @@ class Pacer:
     async def wait_next(self) -> None:
         """Sleep until the next packet is due."""
         now = self.clock.now()
+        await self.clock.sleep_until(self._next_due_at(now, restart_at=now))
+        self._note_release(self.clock.now())
+        self._index += 1
+
+    def _next_due_at(self, now: float, restart_at: float) -> float:
+        """When the next packet is due; the timeline starts (or, fallen behind by more than
+        may be caught up, starts again) at `restart_at`."""
         if self._anchor is None:
-            self._anchor = now
+            self._anchor = restart_at
             self._index = 0
         due = self._anchor + self._index * self.period
         if now - due > self.max_lateness:
-            # We fell behind by more than we may catch up: start a new timeline from now.
-            self._anchor = now
+            self._anchor = restart_at
             self._index = 0
             self.reanchors += 1
-            due = now
-        await self.clock.sleep_until(due)
-        self._note_release(self.clock.now())
-        self._index += 1
+            due = restart_at
+        return due
 
     def _note_release(self, released: float) -> None:
         if self._released_at is not None and released - self._released_at > HOLE_SECONDS:
