@@ -63,17 +63,17 @@ class FrameAssembler:
         """Mono int16 samples from a non-WebRTC source (telephony websocket, RTP)."""
         if self._closed:
             return []
-        if self.channels == 1 and self.frame_size is None and sample_rate == self.sample_rate:
-            return [np.asarray(samples, dtype=np.float32) * (1 / 32768)] if len(samples) else []
-        if self.channels == 1 and self.frame_size is None and supported(sample_rate,
-                                                                        self.sample_rate):
-            polyphase = self._polyphase
-            if polyphase is None or polyphase.source_rate != sample_rate:
-                # A 20 ms chunk sets the layout; other sizes work too (polyphase.py).
-                polyphase = self._polyphase = PolyphaseResampler(
-                    sample_rate, self.sample_rate, sample_rate // 50)
-            pcm = np.asarray(samples, dtype=np.float32) * (1 / 32768)
-            out = polyphase.convert(pcm)
+        same_rate = sample_rate == self.sample_rate
+        if self.channels == 1 and self.frame_size is None and (
+                same_rate or supported(sample_rate, self.sample_rate)):
+            out = np.asarray(samples, dtype=np.float32) * (1 / 32768)
+            if not same_rate:
+                polyphase = self._polyphase
+                if polyphase is None or polyphase.source_rate != sample_rate:
+                    # A 20 ms chunk sets the layout; other sizes work too (polyphase.py).
+                    polyphase = self._polyphase = PolyphaseResampler(
+                        sample_rate, self.sample_rate, sample_rate // 50)
+                out = polyphase.convert(out)
             return [out] if len(out) else []
         frame = av.AudioFrame.from_ndarray(
             np.ascontiguousarray(samples, dtype=np.int16).reshape(1, -1),

@@ -94,15 +94,13 @@ class PolyphaseResampler:
 
     def __init__(self, source_rate: int, target_rate: int, chunk_samples: int) -> None:
         self.source_rate = source_rate
-        self.target_rate = target_rate
         layout = _layout(source_rate, target_rate, chunk_samples)
-        self.up, self.down, self.row = layout.up, layout.down, layout.row
+        self.row = layout.row
         self.history_rows = layout.history_rows
         self._matrices = layout.matrices
         # The filter's group delay: the stream comes out this many samples late (about 2 ms).
         self.delay_samples = layout.delay_samples
         self.chunk_samples = chunk_samples
-        self.output_samples = chunk_samples * self.up // self.down
         self._rows = chunk_samples // self.row
         self._buffer = np.zeros((self.history_rows + self._rows, self.row), dtype=np.float32)
         self._pending = np.zeros(0, dtype=np.float32)  # the start of an unfinished row

@@ -33,7 +33,7 @@ class ChunkResampler:
         self._fifo = SampleFifo(self.target_samples * 50)
         self._polyphase = (
             PolyphaseResampler(source_rate, target_rate, self.source_samples)
-            if source_rate != target_rate and supported(source_rate, target_rate) else None
+            if supported(source_rate, target_rate) else None
         )
         self._resampler = (
             av.AudioResampler(format="s16", layout="mono", rate=target_rate)

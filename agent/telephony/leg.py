@@ -3,7 +3,8 @@
 Follow one frame: the transport's payload → codec decode (int16 at 8/16 kHz) →
 `FrameAssembler.push_pcm16` → the plugin slot → the ticker's batched step → `Leg.on_output`
 → `PlayoutBuffer` → every 20 ms on the `Pacer`: pop 20 ms (silence on underrun)
-→ `ChunkResampler` → codec encode → `send_chunk` (a websocket message or an RTP packet).
+→ `ChunkResampler` → codec encode → the wire: `send_chunk` from the leg's own send loop (a
+websocket message), or an RTP packet on the process's shared send clock (rtp_leg.py).
 
 A telephony leg registers with the agent's `LegRegistry` when built (the caller holds
 `agent.admit()` around setup), so it counts against the same limit as WebRTC calls, shows in
@@ -34,6 +35,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 DTMF_DIGITS = frozenset("0123456789*#ABCD")
+# What a transport's send raises when the far end or the socket is gone: the leg ends.
+SEND_ERRORS = (ConnectionError, OSError, RuntimeError)
 # A keypad sends a few digits a second; each digit is work on the model's shared worker.
 DTMF_RATE = 10.0
 DTMF_BURST = 20
@@ -103,12 +106,16 @@ class TelephonyLeg(Leg):
             await self.pacer.wait_next()
             try:
                 await self.send_chunk(self.next_payload())
-            except (ConnectionError, OSError, RuntimeError) as exc:
-                log.info("%s: send failed (%r); ending", self.id, exc)
-                self.tasks.spawn(self.close("transport_closed"), "close")
+            except SEND_ERRORS as exc:
+                self.end_on_send_error(exc)
                 return
 
+    def end_on_send_error(self, exc: BaseException) -> None:
+        log.info("%s: send failed (%r); ending", self.id, exc)
+        self.tasks.spawn(self.close("transport_closed"), "close")
+
     async def send_chunk(self, payload: bytes) -> None:
+        """One encoded chunk to the far end; a leg that uses `start_sending`'s loop overrides."""
         raise NotImplementedError
 
     # -- caller events ----------------------------------------------------------------------

@@ -33,7 +33,7 @@ from ..leg import prepare_config
 from ..plugins.base import SessionConfig
 from .address_policy import DEFAULT_ALLOWED_NETWORKS, IPNetwork, refusal_for
 from .codec import NarrowbandCodec, codec_by_name, CODECS
-from .leg import TelephonyLeg
+from .leg import SEND_ERRORS, TelephonyLeg
 from .rtp_jitter import Concealer, JitterBuffer, TickPlayout
 from .telephone_event import DEFAULT_PAYLOAD_TYPE as DEFAULT_DTMF_PAYLOAD_TYPE
 from .telephone_event import TelephoneEventDetector
@@ -266,14 +266,10 @@ class RtpLeg(TelephonyLeg):
         for _ in range(self.pacer.take_due(tick_at, now)):
             try:
                 self._send_one(self.next_payload())
-            except (ConnectionError, OSError, RuntimeError) as exc:
-                log.info("%s: send failed (%r); ending", self.id, exc)
+            except SEND_ERRORS as exc:
                 self._stop_sending()
-                self.tasks.spawn(self.close("transport_closed"), "close")
+                self.end_on_send_error(exc)
                 return
-
-    async def send_chunk(self, payload: bytes) -> None:
-        self._send_one(payload)
 
     def _send_one(self, payload: bytes) -> None:
         self._play_one()  # the inbound side runs on the same 20 ms clock

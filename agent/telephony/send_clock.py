@@ -39,7 +39,6 @@ class SendClock:
         self._keys = count()
         self._tasks = TaskOwner("send-clock")
         self._running: asyncio.Task[None] | None = None
-        self.ticks = 0
         self.failures = 0  # senders dropped for raising
 
     def __len__(self) -> int:
@@ -75,7 +74,6 @@ class SendClock:
                 tick = int((now - anchor) / self.phase_seconds)
                 tick_at = anchor + tick * self.phase_seconds
             self._run_phase(self._phases[tick % len(self._phases)], tick_at, now)
-            self.ticks += 1
             tick += 1
 
     def _run_phase(self, phase: dict[int, SendDue], tick_at: float, now: float) -> None:
