@@ -422,16 +422,30 @@ def bench(kinds: list[str], levels: list[int], seconds: float, trials: int) -> N
         print(f"| **{kind}** | **{best}** | **max real time** | | |", flush=True)
 
 
+KINDS = ("media_stream", "rtp")
+
+
+def session_kinds(text: str) -> list[str]:
+    """`--kinds`: a comma-separated list of KINDS (`media-stream` is read as `media_stream`)."""
+    kinds = [kind.strip().replace("-", "_") for kind in text.split(",") if kind.strip()]
+    unknown = [kind for kind in kinds if kind not in KINDS]
+    if unknown or not kinds:
+        raise argparse.ArgumentTypeError(
+            f"unknown session kind {', '.join(unknown) or '(none)'}: choose from {', '.join(KINDS)}")
+    return kinds
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command")
     clients = sub.add_parser("clients", help="internal: run the bridge clients")
-    clients.add_argument("--kind", choices=["media_stream", "rtp"], required=True)
+    clients.add_argument("--kind", choices=KINDS, required=True)
     clients.add_argument("--url", required=True)
     clients.add_argument("--n", type=int, required=True)
     clients.add_argument("--seconds", type=float, required=True)
-    parser.add_argument("--kinds", default="media_stream,rtp")
+    parser.add_argument("--kinds", type=session_kinds, default="media_stream,rtp",
+                        help=f"comma-separated, of {', '.join(KINDS)} (default both)")
     parser.add_argument("--levels", default="10,20,40,60,80,100,130,160,200")
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--trials", type=int, default=1,
@@ -441,7 +455,7 @@ def main() -> None:
         runner = run_media_stream_clients if args.kind == "media_stream" else run_rtp_clients
         print(json.dumps(asyncio.run(runner(args.url, args.n, args.seconds))))
         return
-    bench(args.kinds.split(","), [int(n) for n in args.levels.split(",")], args.seconds,
+    bench(args.kinds, [int(n) for n in args.levels.split(",")], args.seconds,
           max(1, args.trials))
 
 
