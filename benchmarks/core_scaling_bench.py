@@ -26,6 +26,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 
 UNIT_ITERATIONS = 10_000  # one unit of work: about 0.15-0.2 ms of pure Python here
 PERIOD_S = 0.02
@@ -51,11 +52,13 @@ def _units_per_s(processes: list[subprocess.Popen[str]], seconds: float) -> list
     return [int(process.communicate()[0]) / seconds for process in processes]
 
 
-def pair_speedup(seconds: float = 1.0, rounds: int = 2) -> tuple[float, list[float]] | None:
+def pair_speedup(seconds: float = 1.0, rounds: int = 2, cores: Sequence[int] | None = None
+                 ) -> tuple[float, list[float]] | None:
     """(units/s of one busy process alone, units/s of each of two at once), each summed over
     `rounds` alternations (the machine's speed drifts within seconds), or None with fewer
-    than two cores to run on."""
-    cores = sorted(os.sched_getaffinity(0))
+    than two cores to run on. `cores`: the two to measure (default: the first two this
+    process may run on)."""
+    cores = list(cores) if cores is not None else sorted(os.sched_getaffinity(0))
     if len(cores) < 2:
         return None
     part = seconds / rounds

@@ -2,9 +2,13 @@
 
     python benchmarks/workers_bench.py [--transport webrtc|rtp] [--workers 1,2]
                                        [--levels 8,16,24,...] [--seconds 10]
+                                       [--server-cores 0,1 --callers-cores 2]
 
-Nothing is pinned: the server (its supervisor and workers) and the one caller process share
-every core, the same way for each worker count, so the caller's own CPU is part of both runs.
+By default nothing is pinned: the server (its supervisor and workers) and the one caller
+process share every core, the same way for each worker count, so the caller's own CPU is part
+of both runs. On a machine with more cores than the server is given, `--server-cores` and
+`--callers-cores` keep the callers off the server's cores (the check the 2-core machine
+these benchmarks were written on cannot make: there the callers always share).
 `webrtc` callers are aiortc peers sending pre-encoded Opus (they do not encode); `rtp`
 callers are the RTP legs of `telephony_capacity_bench.py` (PCMU, no SRTP or ICE; one socket
 and one plain loop for every leg, sends spread over four phases of each 20 ms, drained every
@@ -24,6 +28,7 @@ over the level), with the worst lateness of what the callers sent. Prints a mark
 from __future__ import annotations
 
 import argparse
+import os
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -33,7 +38,7 @@ from functools import partial
 import core_scaling_bench
 import telephony_capacity_bench as telephony
 from echo_bench import LiveWindowCpu, calibration, callers_subprocess, level_passes
-from harness import ROOT, agent_command, free_port, tree_cpu_seconds, wait_for_port
+from harness import ROOT, agent_command, free_port, taskset, tree_cpu_seconds, wait_for_port
 
 RTP_RAMP_S = 2.0  # the RTP clients' start-up and opening of every leg, before the live window
 
@@ -43,9 +48,11 @@ LevelRunner = Callable[[str, int, float, float], tuple[bool, str, dict[str, floa
 
 
 @contextmanager
-def agent(workers: int, niceness: int = 0) -> Iterator[tuple[str, int]]:
+def agent(workers: int, niceness: int = 0, cores: str | None = None
+          ) -> Iterator[tuple[str, int]]:
+    """The server with `workers` workers, pinned to `cores` (None: anywhere)."""
     port = free_port()
-    command = agent_command(port, "--ice-host", "127.0.0.1",
+    command = (taskset(cores) if cores else []) + agent_command(port, "--ice-host", "127.0.0.1",
                             "--max-unauthenticated-per-address", "0",
                             "--rtp-ports", "42000-45999", "--idle-timeout", "30",
                             "--nice", str(niceness), workers=workers)
@@ -63,16 +70,16 @@ def agent(workers: int, niceness: int = 0) -> Iterator[tuple[str, int]]:
             process.kill()
 
 
-def webrtc_level(url: str, count: int, seconds: float, delay_s: float, niceness: int = 0
-                 ) -> tuple[bool, str, dict[str, float | None]]:
-    return *level_passes(callers_subprocess(url, count, seconds, "opus", True, core=None,
+def webrtc_level(url: str, count: int, seconds: float, delay_s: float, niceness: int = 0,
+                 cores: str | None = None) -> tuple[bool, str, dict[str, float | None]]:
+    return *level_passes(callers_subprocess(url, count, seconds, "opus", True, core=cores,
                                             niceness=niceness), delay_s), {}
 
 
-def rtp_level(url: str, count: int, seconds: float, delay_s: float, niceness: int = 0
-              ) -> tuple[bool, str, dict[str, float | None]]:
+def rtp_level(url: str, count: int, seconds: float, delay_s: float, niceness: int = 0,
+              cores: str | None = None) -> tuple[bool, str, dict[str, float | None]]:
     summaries, callers = telephony.clients_subprocess("rtp", url, count, seconds,
-                                                      core=None, niceness=niceness)
+                                                      core=cores, niceness=niceness)
     return *telephony.level_passes(summaries), callers
 
 
@@ -89,21 +96,28 @@ def main() -> None:
     parser.add_argument("--server-nice", type=int, default=0, metavar="N",
                         help="start the server with --nice N in every run (negative: its "
                         "workers ahead of the callers; needs root)")
+    parser.add_argument("--server-cores", type=core_list, default=None, metavar="LIST",
+                        help="pin the server (supervisor and workers) to these cores, e.g. 0,1 "
+                        "(default: anywhere)")
+    parser.add_argument("--callers-cores", type=core_list, default=None, metavar="LIST",
+                        help="pin the caller process to these cores, e.g. 2 (default: anywhere)")
     args = parser.parse_args()
     print(f"\nCalibration: frame cost {calibration():.3f} ms per frame per call "
           f"(`frame_cost_bench.py`, 1 call). Callers: {args.transport}, nice "
-          f"{args.callers_nice}; server nice {args.server_nice}.\n")
+          f"{args.callers_nice}, cores {args.callers_cores or 'any'}; server nice "
+          f"{args.server_nice}, cores {args.server_cores or 'any'}.\n")
     print("| workers | calls | result | machine: two cores / one | server cores live (avg) "
           "| caller cores sending (avg) | detail |")
     print("|---|---|---|---|---|---|---|")
     run_level: LevelRunner = partial(webrtc_level if args.transport == "webrtc" else rtp_level,
-                                     niceness=args.callers_nice)
+                                     niceness=args.callers_nice, cores=args.callers_cores)
     worker_counts = [int(n) for n in args.workers.split(",")]
     delays_s = {workers: 0.3 for workers in worker_counts}
     if args.transport == "webrtc":
         for workers in worker_counts:
-            with agent(workers, args.server_nice) as (url, _):
-                report = callers_subprocess(url, 1, 4, "opus", False, core=None)[0]
+            with agent(workers, args.server_nice, args.server_cores) as (url, _):
+                report = callers_subprocess(url, 1, 4, "opus", False,
+                                            core=args.callers_cores)[0]
                 delays_s[workers] = (report["delay_ms"] or 300) / 1000
     # Every level is run for each worker count in turn, so the counts are compared under the
     # same minutes of the machine (on a VM a core's worth moves by the minute).
@@ -134,9 +148,13 @@ def run_with_retry(run_level: LevelRunner, workers: int, count: int,
     for attempt in (1, 2):
         # What the second core was worth just before (it moves by the minute on a VM whose
         # host is short of CPU): see core_scaling_bench.py.
-        scaling = core_scaling_bench.describe(core_scaling_bench.pair_speedup(1.0))
+        server_cores = ([int(core) for core in args.server_cores.split(",")]
+                        if args.server_cores else None)
+        scaling = core_scaling_bench.describe(
+            core_scaling_bench.pair_speedup(1.0, cores=server_cores))
         ok, row = one_level(run_level, workers, count, args.seconds, delay_s,
-                            RTP_RAMP_S if args.transport == "rtp" else None, args.server_nice)
+                            RTP_RAMP_S if args.transport == "rtp" else None, args.server_nice,
+                            args.server_cores)
         if not ok and attempt == 1:
             print(f"| {workers} | {count} | (retry) | {scaling} | {row} |", flush=True)
             continue
@@ -147,8 +165,9 @@ def run_with_retry(run_level: LevelRunner, workers: int, count: int,
 
 
 def one_level(run_level: LevelRunner, workers: int, count: int, seconds: float,
-              delay_s: float, ramp_s: float | None, server_nice: int = 0) -> tuple[bool, str]:
-    with agent(workers, server_nice) as (url, pid):
+              delay_s: float, ramp_s: float | None, server_nice: int = 0,
+              server_cores: str | None = None) -> tuple[bool, str]:
+    with agent(workers, server_nice, server_cores) as (url, pid):
         before, started = tree_cpu_seconds(pid), time.monotonic()
         caller_before = cpu_of_children()
         live = LiveWindowCpu(lambda: tree_cpu_seconds(pid), count, seconds, ramp_s)
@@ -164,6 +183,20 @@ def one_level(run_level: LevelRunner, workers: int, count: int, seconds: float,
     late_text = "" if late is None else f", callers' latest send {late:.0f} ms"
     return ok, (f"{live_text} ({server_cores:.2f}) | {sending_text} ({caller_cores:.2f}) "
                 f"| {detail}{late_text}")
+
+
+def core_list(text: str) -> str:
+    """`--server-cores` / `--callers-cores`: comma-separated cores this machine lets us use."""
+    try:
+        cores = [int(core) for core in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a list of core numbers: {text!r}") from None
+    usable = os.sched_getaffinity(0)
+    missing = [core for core in cores if core not in usable]
+    if missing:
+        raise argparse.ArgumentTypeError(
+            f"core {missing[0]} is not one of this machine's usable cores {sorted(usable)}")
+    return ",".join(str(core) for core in cores)
 
 
 def cpu_of_children() -> float:
