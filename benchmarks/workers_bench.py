@@ -38,7 +38,7 @@ from functools import partial
 import core_scaling_bench
 import telephony_capacity_bench as telephony
 from echo_bench import LiveWindowCpu, calibration, callers_subprocess, level_passes
-from harness import ROOT, agent_command, free_port, taskset, tree_cpu_seconds, wait_for_port
+from harness import ROOT, agent_command, free_port, placed, tree_cpu_seconds, wait_for_port
 
 RTP_RAMP_S = 2.0  # the RTP clients' start-up and opening of every leg, before the live window
 
@@ -52,10 +52,10 @@ def agent(workers: int, niceness: int = 0, cores: str | None = None
           ) -> Iterator[tuple[str, int]]:
     """The server with `workers` workers, pinned to `cores` (None: anywhere)."""
     port = free_port()
-    command = (taskset(cores) if cores else []) + agent_command(port, "--ice-host", "127.0.0.1",
-                            "--max-unauthenticated-per-address", "0",
-                            "--rtp-ports", "42000-45999", "--idle-timeout", "30",
-                            "--nice", str(niceness), workers=workers)
+    command = placed(cores) + agent_command(
+        port, "--ice-host", "127.0.0.1", "--max-unauthenticated-per-address", "0",
+        "--rtp-ports", "42000-45999", "--idle-timeout", "30", "--nice", str(niceness),
+        workers=workers)
     process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL,
                                stderr=subprocess.DEVNULL)
     try:
@@ -112,6 +112,9 @@ def main() -> None:
     run_level: LevelRunner = partial(webrtc_level if args.transport == "webrtc" else rtp_level,
                                      niceness=args.callers_nice, cores=args.callers_cores)
     worker_counts = [int(n) for n in args.workers.split(",")]
+    # What a second core is worth is measured on the server's own cores when it is pinned.
+    scaling_cores = ([int(core) for core in args.server_cores.split(",")]
+                     if args.server_cores else None)
     delays_s = {workers: 0.3 for workers in worker_counts}
     if args.transport == "webrtc":
         for workers in worker_counts:
@@ -125,7 +128,8 @@ def main() -> None:
     still_holding = list(worker_counts)
     for count in [int(n) for n in args.levels.split(",")]:
         for workers in list(still_holding):
-            ok = run_with_retry(run_level, workers, count, args, delays_s[workers])
+            ok = run_with_retry(run_level, workers, count, args, delays_s[workers],
+                                scaling_cores)
             if ok:
                 best[workers] = count
             else:
@@ -143,15 +147,14 @@ def main() -> None:
 
 
 def run_with_retry(run_level: LevelRunner, workers: int, count: int,
-                   args: argparse.Namespace, delay_s: float) -> bool:
+                   args: argparse.Namespace, delay_s: float,
+                   scaling_cores: list[int] | None = None) -> bool:
     """One level, tried once more if it fails; prints a row per try."""
     for attempt in (1, 2):
         # What the second core was worth just before (it moves by the minute on a VM whose
         # host is short of CPU): see core_scaling_bench.py.
-        server_cores = ([int(core) for core in args.server_cores.split(",")]
-                        if args.server_cores else None)
         scaling = core_scaling_bench.describe(
-            core_scaling_bench.pair_speedup(1.0, cores=server_cores))
+            core_scaling_bench.pair_speedup(1.0, cores=scaling_cores))
         ok, row = one_level(run_level, workers, count, args.seconds, delay_s,
                             RTP_RAMP_S if args.transport == "rtp" else None, args.server_nice,
                             args.server_cores)
