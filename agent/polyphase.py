@@ -1,12 +1,12 @@
 """A streaming polyphase resampler for the small rational ratios of telephony audio.
 
 8 or 16 kHz G.711/L16 in and out of a 24 kHz model are ratios of 3/1, 1/3, 3/2 and 2/3. For
-those, one windowed-sinc low-pass filter, split by phase, turns each 20 ms chunk into one
-matrix product: the chunk (with the filter's history before it) is viewed as overlapping
-windows, one per block of output samples, and multiplied by a small matrix holding the
-taps each output in a block needs. That costs a few microseconds a chunk, against about
-15 for libswresample through PyAV (a frame object, a filter graph, a copy out), and a phone
-leg resamples twice every 20 ms.
+those, one windowed-sinc low-pass filter, split by phase, turns each 20 ms chunk into a
+couple of matrix products: the chunk is laid out in rows (after a row or so of the filter's
+history), and each row's block of output samples is its own row times a small matrix of
+taps, plus each earlier row its taps reach back into times another. That costs a few
+microseconds a chunk, against about 15 for libswresample through PyAV (a frame object, a
+filter graph, a copy out), and a phone leg resamples twice every 20 ms.
 
 Output stays in step with input: a chunk of n input samples gives exactly n * up / down
 output samples (n must be a multiple of `down`), delayed by the filter's fixed group delay.
@@ -51,8 +51,6 @@ def lowpass(up: int, down: int) -> np.ndarray:
 class _Layout:
     """What every resampler of one (source rate, target rate, chunk) shares."""
 
-    up: int
-    down: int
     row: int
     history_rows: int
     matrices: np.ndarray  # read-only
@@ -86,7 +84,7 @@ def _layout(source_rate: int, target_rate: int, chunk_samples: int) -> _Layout:
                 matrices[-rows_back, position, i] = taps[tap]
     matrices = matrices.astype(np.float32)
     matrices.flags.writeable = False
-    return _Layout(up, down, row, history_rows, matrices, (len(taps) - 1) // 2 // down)
+    return _Layout(row, history_rows, matrices, (len(taps) - 1) // 2 // down)
 
 
 class PolyphaseResampler:
