@@ -119,7 +119,8 @@ class Leg:
         self.slot = slot
         self.session_config = prepared.session_config
         self.recorder = recorder_for(self.settings.record_dir, prepared.record_allowed, self.id,
-                                     self.capabilities.sample_rate, self.settings.record_format)
+                                     self.capabilities.sample_rate, self.settings.record_format,
+                                     self.settings.record_limits)
         if self.recorder is not None:
             slot.tap = self.recorder.add_tick
 

@@ -6,6 +6,13 @@ model heard at the moment it spoke sample n of the right channel (agent). Encodi
 writing happen on one shared worker thread, never on the event loop. A full disk or an
 unwritable folder ends the recording with one logged coded error; the call goes on.
 
+Limits (`RecordLimits`, from `--record-max-seconds` and `--record-min-free-mb`): a recording
+that reaches `max_seconds` of audio is closed there (the file finalised, exactly that long),
+and one whose folder's file system has less than `min_free_mb` free — checked on the writer
+thread when the recording starts and then every `DISK_CHECK_SECONDS`, never per frame — is
+closed too (none is made if it starts below). Each logs one line and notes the stop as the
+last line of the events file (`{"type": "recording.stopped", "reason": ...}`); the call goes on.
+
 Files: `<call_id>.flac` (FLAC via PyAV, s16 stereo at the plugin's rate; lossless) or, with
 `--record-format opus`, `<call_id>.ogg` (Opus in Ogg via PyAV/libopus, about a tenth of the
 size; decoders play it at 48 kHz), and
@@ -20,6 +27,7 @@ import asyncio
 import json
 import logging
 import os
+import shutil
 import time
 from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -30,12 +38,16 @@ from typing import IO, Any
 import av
 import numpy as np
 
+from .call_settings import RecordLimits
 from .errors import AgentError
 from .plugins.base import SessionConfig
 
 log = logging.getLogger(__name__)
 
 RECORD_OPTION = "record"  # extra_body key: false opts a call out of recording
+DISK_CHECK_SECONDS = 5.0  # free space is looked at this often while recording (writer thread)
+MAX_SECONDS = "max_seconds"  # stop reasons, as the log and the events file name them
+LOW_DISK_SPACE = "low_disk_space"
 
 
 @dataclass(frozen=True)
@@ -80,14 +92,19 @@ class CallRecorder:
     on the writer thread in order, and failures only stop the recording."""
 
     def __init__(self, directory: str | Path, call_id: str, sample_rate: int,
-                 record_format: str = "flac") -> None:
+                 record_format: str = "flac", limits: RecordLimits | None = None) -> None:
         self.directory = Path(directory)
         self.call_id = call_id
         self.sample_rate = sample_rate
         self.format = RECORD_FORMATS[record_format]
+        self.limits = limits or RecordLimits()
+        self._max_samples = (round(self.limits.max_seconds * sample_rate)
+                             if self.limits.max_seconds > 0 else None)
+        self._disk_checked_at: float | None = None
         self.audio_path = self.directory / f"{call_id}{self.format.suffix}"
         self.events_path = self.directory / f"{call_id}.events.jsonl"
         self.failed: str | None = None  # the coded reason the recording stopped early
+        self.stopped: str | None = None  # a limit the recording reached (MAX_SECONDS, ...)
         self.frames = 0
         self._started_at: float | None = None
         self._container: Any = None
@@ -99,8 +116,13 @@ class CallRecorder:
 
     # -- called on the event loop -----------------------------------------------------------
 
+    @property
+    def recording(self) -> bool:
+        """Still taking audio and events: not failed, no limit reached."""
+        return self.failed is None and self.stopped is None
+
     def add_tick(self, caller: np.ndarray, agent: np.ndarray) -> None:
-        if self.failed is not None:
+        if not self.recording:
             return
         if self._started_at is None:
             self._started_at = time.monotonic()
@@ -110,12 +132,14 @@ class CallRecorder:
         self._submit(self._write_audio, stereo)
 
     def add_event(self, event: Mapping[str, Any]) -> None:
-        if self.failed is not None:
+        if not self.recording:
             return
+        self._submit(self._write_event, self._event_line(event))
+
+    def _event_line(self, event: Mapping[str, Any]) -> str:
         started = self._started_at if self._started_at is not None else time.monotonic()
-        line = json.dumps({"t": round(time.monotonic() - started, 3), "event": event},
+        return json.dumps({"t": round(time.monotonic() - started, 3), "event": event},
                           default=str)
-        self._submit(self._write_event, line)
 
     async def close(self) -> None:
         future = _writer.submit(self._close_files)
@@ -127,12 +151,53 @@ class CallRecorder:
         self._last = _writer.submit(self._guarded, work, item)
 
     def _guarded(self, work: Any, item: Any) -> None:
-        if self.failed is not None:
+        if not self.recording:
             return
         try:
-            work(item)
+            if self._disk_check_due():
+                self._check_disk_space()
+            if self.recording:
+                work(item)
         except (OSError, av.error.FFmpegError) as exc:
             self._fail(exc)
+
+    # -- limits (writer thread) -------------------------------------------------------------
+
+    def _disk_check_due(self) -> bool:
+        """At the first write, then at most every DISK_CHECK_SECONDS: not per frame."""
+        if self.limits.min_free_mb <= 0:
+            return False
+        now = time.monotonic()
+        if self._disk_checked_at is not None and now - self._disk_checked_at < DISK_CHECK_SECONDS:
+            return False
+        self._disk_checked_at = now
+        return True
+
+    def _check_disk_space(self) -> None:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        free_mb = shutil.disk_usage(self.directory).free / 2**20
+        if free_mb < self.limits.min_free_mb:
+            self._stop(LOW_DISK_SPACE, f"{free_mb:.0f} MB free in {self.directory}, under "
+                       f"--record-min-free-mb {self.limits.min_free_mb:g}", logging.WARNING)
+
+    def _samples_left(self) -> int | None:
+        """Audio samples the time limit still allows; None: no limit."""
+        return None if self._max_samples is None else self._max_samples - self._pts
+
+    def _stop(self, reason: str, detail: str, level: int) -> None:
+        """A limit reached: finalise the files, note why in the events file, log one line.
+        Later ticks and events are dropped; the call goes on."""
+        self.stopped = reason
+        log.log(level, "call %s: recording stopped [%s]: %s; the call goes on",
+                self.call_id, reason, detail)
+        self._finish_audio()
+        try:
+            self._write_event(self._event_line(
+                {"type": "recording.stopped", "reason": reason, "message": detail}))
+        except OSError as exc:
+            log.warning("call %s: could not note the recording's stop: %s", self.call_id,
+                        getattr(exc, "strerror", None) or exc)
+        self._finish_events()
 
     def _fail(self, exc: BaseException) -> None:
         self.failed = "recording_failed"
@@ -154,14 +219,21 @@ class CallRecorder:
                                               frame_size=self._stream.codec_context.frame_size)
 
     def _write_audio(self, stereo: np.ndarray) -> None:
-        if self._container is None:
-            self._open_audio()
-        frame = av.AudioFrame.from_ndarray(
-            np.ascontiguousarray(stereo.T.reshape(1, -1)), format="s16", layout="stereo")
-        frame.sample_rate = self.sample_rate
-        frame.pts = self._pts
-        self._pts += stereo.shape[1]
-        self._encode(frame)
+        left = self._samples_left()
+        if left is not None and left < stereo.shape[1]:
+            stereo = stereo[:, :max(0, left)]  # the file ends exactly at the limit
+        if stereo.shape[1]:
+            if self._container is None:
+                self._open_audio()
+            frame = av.AudioFrame.from_ndarray(
+                np.ascontiguousarray(stereo.T.reshape(1, -1)), format="s16", layout="stereo")
+            frame.sample_rate = self.sample_rate
+            frame.pts = self._pts
+            self._pts += stereo.shape[1]
+            self._encode(frame)
+        if left is not None and self._samples_left() == 0:
+            self._stop(MAX_SECONDS, f"{self.limits.max_seconds:g} s recorded, the "
+                       "--record-max-seconds limit", logging.INFO)
 
     def _encode(self, frame: Any) -> None:
         frames = [frame] if self._rechunk is None else self._rechunk.resample(frame)
@@ -179,18 +251,26 @@ class CallRecorder:
         if self.failed is not None:
             return
         try:
-            if self._container is not None:
-                if self._rechunk is not None:
-                    self._encode(None)  # the last partial chunk
-                for packet in self._stream.encode(None):
-                    self._container.mux(packet)
-                self._container.close()
-                self._container = None
-            if self._events is not None:
-                self._events.close()
-                self._events = None
+            self._finish_audio()
+            self._finish_events()
         except (OSError, av.error.FFmpegError) as exc:
             self._fail(exc)
+
+    def _finish_audio(self) -> None:
+        """Flush the encoder and close the audio file (a valid, complete file)."""
+        if self._container is None:
+            return
+        if self._rechunk is not None:
+            self._encode(None)  # the last partial chunk
+        for packet in self._stream.encode(None):
+            self._container.mux(packet)
+        self._container.close()
+        self._container = None
+
+    def _finish_events(self) -> None:
+        if self._events is not None:
+            self._events.close()
+            self._events = None
 
     def _close_quietly(self) -> None:
         for closing in (self._container, self._events):
@@ -205,7 +285,9 @@ class CallRecorder:
 
 
 def recorder_for(record_dir: str | None, allowed: bool, call_id: str, sample_rate: int,
-                 record_format: str = "flac") -> CallRecorder | None:
+                 record_format: str = "flac",
+                 limits: RecordLimits | None = None) -> CallRecorder | None:
     if not record_dir or not allowed:
         return None
-    return CallRecorder(os.path.expanduser(record_dir), call_id, sample_rate, record_format)
+    return CallRecorder(os.path.expanduser(record_dir), call_id, sample_rate, record_format,
+                        limits)

@@ -6,7 +6,10 @@ puts in `/health`, or sends a client goes through these pure functions first:
 - `redact_url`: userinfo becomes `***@`; values of secret-looking query (and fragment)
   parameters become `***`; everything else is kept verbatim, so the URL stays recognisable.
 - `redact_text`: the same for every URL and every `?name=value`/`&name=value` pair in free
-  text, plus the segment after any of the given secret-bearing path prefixes.
+  text, plus the segment after any of the given secret-bearing path prefixes. Paths are
+  matched as the router sees them, percent-decoded: `/v1/telephony/media%2Dstream/KEY`
+  reaches the same route as the plain spelling, so it is masked too (and written back in its
+  plain, canonical spelling: `/v1/telephony/media-stream/***`).
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Iterable
-from urllib.parse import unquote
+from urllib.parse import quote, unquote
 
 from .log_safe import printable
 
@@ -28,6 +31,9 @@ SECRET_NAMES = frozenset({
 })
 
 _URL = re.compile(r"\b[a-zA-Z][a-zA-Z0-9+.-]*://[^\s'\"<>]+")
+# A run of path: from a slash to the first character a request target's path cannot hold.
+_PATH_RUN = re.compile(r"/[^\s?#'\"<>]*")
+_PATH_SAFE = "/:@!$&'()*+,;=-._~"  # RFC 3986 pchar and "/": kept as is when re-encoding
 _PAIR = re.compile(r"(?P<lead>[?&;#])(?P<name>[^=&;#\s'\"<>]+)=(?P<value>[^&;#\s'\"<>]*)")
 
 
@@ -62,10 +68,29 @@ def redact_text(text: str, secret_path_prefixes: Iterable[str] = ()) -> str:
     """Every URL and query-like pair in free text redacted; also `PREFIX/<secret>`."""
     text = _URL.sub(lambda m: redact_url(m[0]), text)
     text = _mask_pairs(text)
-    for prefix in secret_path_prefixes:
-        text = re.sub(re.escape(prefix.rstrip("/")) + r"/[^\s/?#'\"]+",
-                      prefix.rstrip("/") + "/" + MASK, text)
+    prefixes = tuple(prefix.rstrip("/") + "/" for prefix in secret_path_prefixes
+                     if prefix.strip("/"))
+    if prefixes:
+        text = _PATH_RUN.sub(lambda m: _mask_path_run(m[0], prefixes), text)
     return text
+
+
+def _mask_path_run(run: str, prefixes: tuple[str, ...]) -> str:
+    """The segment after a secret-bearing prefix masked, judged on the decoded path (what
+    the router matches); a run that holds none is kept verbatim."""
+    decoded = unquote(run, errors="replace")
+    for prefix in prefixes:
+        at = decoded.find(prefix)
+        if at < 0:
+            continue
+        start = at + len(prefix)
+        end = decoded.find("/", start)
+        end = len(decoded) if end < 0 else end
+        if end == start:
+            continue  # nothing after the prefix to hide
+        masked = decoded[:start] + MASK + decoded[end:]
+        return quote(masked, safe=_PATH_SAFE)  # re-encoded: decoding let no control through
+    return run
 
 
 class RedactingFilter(logging.Filter):

@@ -1,10 +1,12 @@
-"""The server process: keys in request lines never reach its log (stderr)."""
+"""The server process: keys in request lines never reach its log (stderr), however the
+path is spelled."""
 
 from __future__ import annotations
 
 import asyncio
 
 import aiohttp
+from yarl import URL
 
 from server_process import read_until, running_server
 
@@ -27,3 +29,19 @@ async def test_request_lines_are_logged_without_keys() -> None:
         log = "".join(lines)
         assert "/v1/telephony/media-stream/***" in log and "token=***" in log
         assert KEY not in log and "hunter2" not in log
+
+
+async def test_a_percent_encoded_media_stream_path_is_refused_and_its_key_not_logged() -> None:
+    async with running_server("--api-key", KEY) as (server, url, lines):
+        assert server.stderr is not None
+        async with aiohttp.ClientSession() as http:
+            for route in ("/v1/telephony/media%2Dstream", "/v1/telephony/%6D%65dia-stream"):
+                async with http.get(URL(f"{url}{route}/{KEY}", encoded=True)) as response:
+                    assert response.status == 400
+                    assert (await response.json())["error"]["code"] == "non_canonical_path"
+            async with http.get(url + "/health?last=2") as response:
+                await response.read()
+        await asyncio.wait_for(read_until(server.stderr, "/health?last=2", lines), 20)
+        log = "".join(lines)
+        assert log.count("/v1/telephony/media-stream/***") == 2
+        assert KEY not in log

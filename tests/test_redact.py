@@ -44,3 +44,26 @@ def test_filter_rewrites_records_that_carry_secrets() -> None:
     plain = logging.LogRecord("x", logging.INFO, __file__, 1, "n=%d", (3,), None)
     RedactingFilter().filter(plain)
     assert plain.args == (3,)  # untouched when there is nothing to hide
+
+
+@pytest.mark.parametrize("line", [
+    "GET /v1/telephony/media%2Dstream/sk-9 HTTP/1.1",
+    "GET /v1/telephony/media%2dstream/sk-9?x=1 HTTP/1.1",
+    "GET /v1/telephony/%6D%65%64ia-stream/sk-9 HTTP/1.1",
+    "GET /v1/telephony/media-stream%2Fsk-9 HTTP/1.1",
+    '"GET /v1/telephony/media-stream/%73k-9 HTTP/1.1" 400',
+    "upstream http://h:1/v1/telephony/media%2Dstream/sk-9 refused",
+])
+def test_percent_encoded_secret_paths_are_masked_as_the_router_reads_them(line: str) -> None:
+    redacted = redact_text(line, ["/v1/telephony/media-stream"])
+    assert "sk-9" not in redacted and "%73k-9" not in redacted
+    assert "/v1/telephony/media-stream/***" in redacted  # written back in the plain spelling
+
+
+def test_decoding_lets_no_control_character_or_other_path_through() -> None:
+    prefixes = ["/v1/telephony/media-stream"]
+    redacted = redact_text("GET /v1/telephony/media%2Dstream/sk-9/%0Aforged HTTP/1.1", prefixes)
+    assert redacted == "GET /v1/telephony/media-stream/***/%0Aforged HTTP/1.1"
+    for kept in ("GET /v1/models/a%2Db HTTP/1.1", "GET /v1/telephony/media-stream HTTP/1.1",
+                 "/v1/telephony/media-stream/ ok"):
+        assert redact_text(kept, prefixes) == kept

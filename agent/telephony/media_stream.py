@@ -7,7 +7,9 @@ when the model has nothing queued, so the bridge's clock never starves), `mark` 
 bridge sent, answered once the agent audio queued before it has been sent), and `error`
 (`{"event": "error", "streamSid", "error": {"code", "message"}}`) for a message it could
 not use; the socket stays open after an error. A refused `start` (bad voice, server full)
-is answered with an error and the socket is closed.
+is answered with an error and the socket is closed. Every bad message gets its `error`
+answer, but the log gets at most one line a second per stream (`LogThrottle`), saying how
+many were not logged, and a summary line when the stream ends if any were held back.
 
 `start.customParameters` carry the session config: `voice`, `instructions` (alias
 `persona`), and `extra_body` (a JSON object encoded as a string, since bridges only pass
@@ -27,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import client_json
 from ..errors import AgentError
-from ..log_safe import printable
+from ..log_safe import LogThrottle, held_back_note, printable
 from ..leg import prepare_config
 from ..plugins.base import SessionConfig
 from .codec import PCMA, PCMU, NarrowbandCodec
@@ -43,6 +45,7 @@ log = logging.getLogger(__name__)
 MAX_MESSAGE_BYTES = 64 * 1024
 MAX_MEDIA_BYTES = 8000  # one second of μ-law in one message is already far from normal
 MAX_NAME_CHARS = 256
+LOG_INTERVAL = 1.0  # seconds: at most one line per stream this often about bad messages
 ENCODINGS: dict[str, NarrowbandCodec] = {"audio/x-mulaw": PCMU, "audio/x-alaw": PCMA}
 SESSION_PARAMETERS = ("voice", "instructions", "persona", "extra_body")
 
@@ -74,6 +77,8 @@ class MediaStreamSession(TelephonyLeg):
         self.malformed_messages = 0
         self.marks_answered = 0
         self.started = False
+        self._malformed_log = LogThrottle(LOG_INTERVAL)
+        self._failure_log = LogThrottle(LOG_INTERVAL)
         self.start_watchdog()  # a socket that never sends `start` is ended by connect_timeout
 
     # -- inbound messages -------------------------------------------------------------------
@@ -85,11 +90,33 @@ class MediaStreamSession(TelephonyLeg):
             await self._dispatch(message)
         except ProtocolError as exc:
             self.malformed_messages += 1
-            log.error("media stream %s: %s: %s", self.id, exc.code, printable(exc.message))
+            self._log_malformed(exc)
             await self._send_error(exc.code, exc.message)
         except Exception:  # a bug here must not cost the caller the call
-            log.exception("media stream %s: message handling failed", self.id)
+            held = self._failure_log.admit()
+            if held is not None:
+                log.exception("media stream %s: message handling failed%s", self.id,
+                              held_back_note(held, "failures"))
             await self._send_error("server_error", "the message could not be handled")
+
+    def _log_malformed(self, exc: ProtocolError) -> None:
+        """One line a second at most: a client sending nothing but bad messages must not
+        turn each into a log line."""
+        held = self._malformed_log.admit()
+        if held is not None:
+            log.error("media stream %s: %s: %s%s", self.id, exc.code, printable(exc.message),
+                      held_back_note(held, "malformed messages"))
+
+    def _log_held_back(self) -> None:
+        """At the end of the stream: what the throttles held back, if anything."""
+        malformed = self._malformed_log.take_held_back()
+        if malformed:
+            log.error("media stream %s: %d more malformed messages not logged "
+                      "(%d malformed in all)", self.id, malformed, self.malformed_messages)
+        failures = self._failure_log.take_held_back()
+        if failures:
+            log.error("media stream %s: %d more message handling failures not logged",
+                      self.id, failures)
 
     async def _dispatch(self, message: dict[str, Any]) -> None:
         event = message["event"]
@@ -215,7 +242,10 @@ class MediaStreamSession(TelephonyLeg):
             log.debug("media stream %s: error not sent: %r", self.id, exc)
 
     async def close_socket(self, reason: str) -> None:
-        await self._close_socket(1000, reason[:100])
+        try:
+            await self._close_socket(1000, reason[:100])
+        finally:
+            self._log_held_back()
 
     def stats(self) -> dict[str, Any]:
         return {

@@ -7,6 +7,11 @@ depth), and a missing packet is known to be lost exactly when its turn comes: it
 as a concealment of the one before. An empty buffer (the remote paused, or a long delay
 spike) stops playout and prefetches again; a buffer that grew past `max_span` (the remote's
 clock runs fast, or a burst) skips ahead so delay stays bounded.
+
+What it holds is bounded between two ticks as well: at most `max_held` packets (twice the
+span it plays from, and a few) and `max_held_bytes` of payload. A sender that floods it with
+distinct sequence numbers has the oldest held packets dropped (counted as `overflow`), so
+a leg never holds more than a few tens of KiB of inbound audio whatever arrives.
 """
 
 from __future__ import annotations
@@ -18,6 +23,8 @@ import numpy as np
 
 SEQ_MOD = 1 << 16
 RESYNC_GAP = 250  # packets (5 s at 20 ms): a jump this far means the stream restarted
+MAX_HELD_BYTES = 256 * 1024  # payload held at once, whatever the depth (a backstop)
+HELD_SLACK = 8  # packets held beyond twice the span: a tick's worth of bunching
 
 
 @dataclass
@@ -30,18 +37,22 @@ class JitterStats:
     underruns: int = 0  # turns with an empty buffer after playout had started
     skipped: int = 0  # packets dropped to keep the delay bounded
     resyncs: int = 0
+    overflow: int = 0  # dropped because the buffer held its limit of packets or bytes
 
     def to_dict(self) -> dict[str, int]:
         return dict(self.__dict__)
 
 
 class JitterBuffer:
-    def __init__(self, depth: int = 3, max_span: int | None = None) -> None:
+    def __init__(self, depth: int = 3, max_span: int | None = None,
+                 max_held_bytes: int = MAX_HELD_BYTES) -> None:
         self.depth = max(1, depth)
         self.max_span = max_span if max_span is not None else 2 * self.depth + 2
         self.prefetch_ticks = self.depth  # the longest a first packet waits for `depth` more
+        self.max_held_bytes = max_held_bytes
         self.stats = JitterStats()
-        self._held: dict[int, bytes] = {}  # extended sequence number → payload
+        self._held: dict[int, bytes] = {}  # extended sequence number → payload, oldest first
+        self.held_bytes = 0
         self._next: int | None = None  # extended sequence number whose turn is next
         self._highest: int | None = None
         self._playing = False
@@ -51,9 +62,15 @@ class JitterBuffer:
     def held(self) -> int:
         return len(self._held)
 
+    @property
+    def max_held(self) -> int:
+        """Packets held at most: twice the span playout keeps, and a tick's bunching."""
+        return 2 * self.max_span + HELD_SLACK
+
     def reset(self) -> None:
-        """Forget the stream (a new SSRC); held packets are dropped."""
+        """Forget the stream (a new SSRC, or the leg ended); held packets are dropped."""
         self._held.clear()
+        self.held_bytes = 0
         self._next = None
         self._highest = None
         self._playing = False
@@ -89,6 +106,15 @@ class JitterBuffer:
         if self._highest is None or ext > self._highest:
             self._highest = ext
         self._held[ext] = payload
+        self.held_bytes += len(payload)
+        self._bound()
+
+    def _bound(self) -> None:
+        """Drop the oldest held packets while over the packet or byte limit."""
+        while len(self._held) > self.max_held or self.held_bytes > self.max_held_bytes:
+            oldest = next(iter(self._held))
+            self.held_bytes -= len(self._held.pop(oldest))
+            self.stats.overflow += 1
 
     def pop(self) -> tuple[bool, bytes | None]:
         """This tick's packet: (False, None) nothing to play, (True, None) a lost packet to
@@ -116,12 +142,15 @@ class JitterBuffer:
         if payload is None:
             self.stats.lost += 1
             return True, None
+        self.held_bytes -= len(payload)
         self.stats.played += 1
         return True, payload
 
     def _skip(self, count: int) -> None:
         for seq in range(self._next, self._next + count):
-            if self._held.pop(seq, None) is not None:
+            payload = self._held.pop(seq, None)
+            if payload is not None:
+                self.held_bytes -= len(payload)
                 self.stats.skipped += 1
         self._next += count
 
@@ -134,6 +163,11 @@ class Concealer:
     def __init__(self, samples_per_packet: int) -> None:
         self.samples_per_packet = samples_per_packet
         self._last: np.ndarray | None = None
+        self._losses_in_a_row = 0
+
+    def reset(self) -> None:
+        """Forget the last packet (a new stream, or the leg ended)."""
+        self._last = None
         self._losses_in_a_row = 0
 
     def fill(self, pcm: np.ndarray | None) -> np.ndarray:
@@ -204,5 +238,7 @@ class TickPlayout:
         return out
 
     def reset(self) -> None:
+        """Drop everything held for the stream: packets, decoded samples, the last packet."""
         self.buffer.reset()
+        self.concealer.reset()
         self._pending = np.zeros(0, dtype=np.int16)

@@ -4,7 +4,11 @@ The agent binds a UDP port from a configured range and answers with it. With a `
 address it takes RTP from that address only; without one it latches to the first source
 that sends it RTP (symmetric RTP, how Asterisk's External Media works: Asterisk is told the
 agent's address and the agent learns Asterisk's from the first packet). Packets from any
-other source, with another payload type, or that do not parse are counted and ignored.
+other source, with another payload type, or that do not parse are counted and ignored, and
+so are datagrams over `MAX_DATAGRAM` bytes, before they are parsed (`packets_oversize`): 20 ms
+of any codec here fits in a few hundred bytes, and a 64 KB datagram decoded and held for
+playout would cost the leg hundreds of times what a real packet does. When the leg ends it
+lets go of everything it held for playout.
 Inbound packets go through a small jitter buffer played on the leg's 20 ms clock (see
 rtp_jitter.py); the agent's audio goes back as RTP on the same tick (160 bytes of G.711, or
 640 bytes of L16/16000) to the remote. The tick comes from the process's one `SendClock`
@@ -46,6 +50,7 @@ log = logging.getLogger(__name__)
 
 DEFAULT_DYNAMIC_PAYLOAD_TYPE = 96
 DYNAMIC_PAYLOAD_TYPES = range(96, 128)
+# The largest datagram a leg reads: 60 ms of L16/16000 (1,920 bytes) and an RTP header fit.
 MAX_DATAGRAM = 2048
 
 Address = tuple[str, int]
@@ -161,6 +166,7 @@ class RtpLeg(TelephonyLeg):
         self.remote_ssrc: int | None = None
         self.packets_foreign = 0
         self.packets_malformed = 0
+        self.packets_oversize = 0  # over MAX_DATAGRAM: dropped unparsed
         self.packets_other_payload = 0
         self.packets_sent = 0
         self.dtmf_payload_type = dtmf_payload_type
@@ -183,6 +189,9 @@ class RtpLeg(TelephonyLeg):
 
     def on_datagram(self, data: bytes, addr: tuple[Any, ...]) -> None:
         if self.closing:
+            return
+        if len(data) > MAX_DATAGRAM:
+            self.packets_oversize += 1  # never parsed, decoded or held
             return
         source = (_normalize_ip(addr[0]), int(addr[1]))
         if self.remote is not None and not self._from_remote(source):
@@ -295,6 +304,15 @@ class RtpLeg(TelephonyLeg):
     async def close_socket(self, reason: str) -> None:
         self._stop_sending()
         self.socket.close()
+        self._release_inbound()
+
+    def _release_inbound(self) -> None:
+        """Nothing received outlives the leg: held packets and samples go, and the socket's
+        protocol forgets the leg (late datagrams then reach nothing)."""
+        self.inbound.reset()
+        protocol = self.socket.get_protocol()
+        if isinstance(protocol, _RtpProtocol):
+            protocol.leg = None
 
     def stats(self) -> dict[str, Any]:
         return {
@@ -305,6 +323,7 @@ class RtpLeg(TelephonyLeg):
             "packets_sent": self.packets_sent,
             "packets_foreign": self.packets_foreign,
             "packets_malformed": self.packets_malformed,
+            "packets_oversize": self.packets_oversize,
             "packets_other_payload": self.packets_other_payload,
             "packets_refused": self.packets_refused,
             "dtmf_payload_type": self.dtmf_payload_type,
@@ -312,7 +331,8 @@ class RtpLeg(TelephonyLeg):
             "remote_source": format_host_port(*self.remote_source) if self.remote_source else None,
             "packet_ms": self._ms(self.inbound.packet_samples),
             "packet_ms_seen": sorted(self._ms(n) for n in self.inbound.packet_sizes_seen),
-            "jitter": self.jitter.stats.to_dict(),
+            "jitter": {**self.jitter.stats.to_dict(), "held": self.jitter.held,
+                       "held_bytes": self.jitter.held_bytes},
         }
 
 

@@ -138,3 +138,34 @@ def test_depth_follows_the_typical_packet_duration_not_an_odd_one() -> None:
     assert playout.packet_samples == 240
     assert playout.buffer.depth == 2 and playout.buffer.prefetch_ticks == 3
     assert playout.packet_sizes_seen == [16, 240]
+
+
+def test_a_flood_between_two_ticks_is_bounded_in_packets_and_bytes() -> None:
+    buffer = JitterBuffer(depth=3)
+    for seq in range(200):  # distinct numbers within the resync gap, and no tick between
+        buffer.push(seq, bytes(2000))
+        assert buffer.held <= buffer.max_held
+    assert buffer.held == buffer.max_held == 2 * buffer.max_span + 8
+    assert buffer.held_bytes == 2000 * buffer.held
+    assert buffer.stats.overflow == 200 - buffer.max_held and buffer.stats.resyncs == 0
+    # The oldest went first: playout skips ahead to the newest, as after any burst.
+    played = [p for p in _play_all(buffer, 30) if p is not None]
+    assert played and len(played) <= buffer.max_span
+    assert buffer.held == 0 and buffer.held_bytes == 0
+
+    small = JitterBuffer(depth=50, max_held_bytes=10_000)  # a deep buffer: bytes bind first
+    for seq in range(100):
+        small.push(seq, bytes(1000))
+        assert small.held_bytes <= 10_000
+    assert small.held == 10 and small.stats.overflow == 90
+
+
+def test_reset_lets_go_of_everything_held() -> None:
+    playout = TickPlayout(JitterBuffer(3), Concealer(160), 160, 480)
+    for seq in range(5):
+        playout.buffer.push(seq, bytes(320))
+    assert playout.tick(lambda payload: np.ones(len(payload), dtype=np.int16)) is not None
+    playout.reset()
+    assert playout.buffer.held == 0 and playout.buffer.held_bytes == 0
+    assert playout.tick(lambda payload: np.ones(len(payload), dtype=np.int16)) is None
+    assert playout.concealer.fill(None).tolist() == [0] * 160  # no last packet to repeat
