@@ -12,8 +12,8 @@ from agent.log_safe import printable
 from agent.media_agent import MediaAgent
 from agent.errors import AgentError
 
-from . import (drain, health, metrics, offer, realtime, realtime_api, slow_clients, telephony,
-               worker_handoff, worker_relay, worker_routing)
+from . import (drain, health, metrics, offer, page, realtime, realtime_api, slow_clients,
+               telephony, worker_handoff, worker_relay, worker_routing)
 from .auth import AuthSettings
 from .errors import error_response, json_error
 from .keys import AGENT_KEY
@@ -57,13 +57,6 @@ def _allow_header(exc: web.HTTPException) -> dict[str, str] | None:
     return {"Allow": allow} if allow else None
 
 
-async def index(request: web.Request) -> web.StreamResponse:
-    page = WEB_DIR / "index.html"
-    if not page.exists():
-        return json_error(404, "not_found", "no web page is installed")
-    return web.FileResponse(page)
-
-
 def create_app(
     agent: MediaAgent, *, max_body_bytes: int = MAX_BODY_BYTES,
     auth: AuthSettings | None = None, cors_origins: tuple[str, ...] = (),
@@ -73,6 +66,7 @@ def create_app(
     metrics_enabled: bool = True,
     voice_upload_bytes: int = 0,
     workers: worker_routing.WorkerGroup | None = None,
+    token_url_origins: tuple[str, ...] = (),
 ) -> web.Application:
     app = web.Application(middlewares=[error_middleware, slow_clients.body_timeout_middleware],
                           client_max_size=max_body_bytes)
@@ -88,7 +82,7 @@ def create_app(
         agent.stop_timing_metrics()
     drain.setup(app, drain_seconds)
     telephony.add_routes(app, telephony_config)
-    app.router.add_get("/", index)
+    page.setup(app, WEB_DIR / "index.html", token_url_origins)  # ValueError: a bad origin
     if WEB_DIR.is_dir():
         app.router.add_static("/static/", WEB_DIR, show_index=False)
 

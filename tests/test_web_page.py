@@ -14,18 +14,25 @@ import shutil
 import subprocess
 import wave
 from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote, urlsplit
 
 import aiohttp
 import numpy as np
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
-from playwright.async_api import Browser, Page, expect
+from playwright.async_api import Browser, Page, Request, expect
 
 from agent.call_settings import CallSettings
-from agent.media_agent import AgentSettings
+from agent.media_agent import AgentSettings, MediaAgent
+from agent.plugins.echo import EchoPlugin
+from signaling import drain
+from signaling import page as page_module
+from signaling.__main__ import build_parser
+from signaling.app import create_app
 from signaling.auth import AuthSettings
 
 from chromium_browser import PageLog, chromium_path, launch_chromium, open_page
@@ -87,9 +94,15 @@ async def connect(page: Page) -> None:
     await expect(page.locator("#status")).to_contain_text("Connected", timeout=UI_TIMEOUT_MS)
 
 
-def assert_clean(log: PageLog) -> None:
+# On a keyed agent the page's keyless GET /v1/models on load gets 401 (it asks the token URL
+# nothing until the user acts), and Chromium logs every failed fetch as a console error.
+UNAUTHORIZED_ON_LOAD = "status of 401 (Unauthorized)"
+
+
+def assert_clean(log: PageLog, *, allowed: tuple[str, ...] = ()) -> None:
     assert log.page_errors == [], log.page_errors
-    assert log.console_errors == [], log.console_errors
+    unexpected = [e for e in log.console_errors if not any(a in e for a in allowed)]
+    assert unexpected == [], unexpected
 
 
 def wav_channels(data: bytes) -> tuple[int, np.ndarray]:
@@ -237,15 +250,38 @@ async def test_server_full_says_busy(start_agent: AgentFactory, chromium: Browse
     await wait_until(lambda: all_freed(running), timeout=5)
 
 
-async def token_server(agent_url: str, api_key: str) -> TestServer:
-    """An app server's token endpoint: mints an ephemeral secret with its own key."""
+@dataclass
+class TokenServer:
+    """An app server's token endpoint on its own loopback origin: mints an ephemeral secret
+    at the agent with its own key, and remembers every request that reached it."""
+
+    server: TestServer
+    requests: list[str] = field(default_factory=list)  # "METHOD /path"
+    agent_url: str = ""
+    api_key: str = "sk-test-key"
+
+    @property
+    def origin(self) -> str:
+        return str(self.server.make_url("")).rstrip("/")
+
+    @property
+    def url(self) -> str:
+        return str(self.server.make_url("/token"))
+
+    def posts(self) -> int:
+        return sum(1 for line in self.requests if line.startswith("POST "))
+
+
+async def token_server() -> TokenServer:
+    """Started before the agent (whose --token-url-origin names it); set `agent_url` after."""
+    tokens: TokenServer
 
     async def token(request: web.Request) -> web.Response:
         body = await request.json()
         async with aiohttp.ClientSession() as http:
             async with http.post(
-                agent_url + "/v1/realtime/client_secrets", json=body,
-                headers={"Authorization": f"Bearer {api_key}"},
+                tokens.agent_url + "/v1/realtime/client_secrets", json=body,
+                headers={"Authorization": f"Bearer {tokens.api_key}"},
             ) as response:
                 return web.json_response(await response.json(), status=response.status)
 
@@ -257,6 +293,7 @@ async def token_server(agent_url: str, api_key: str) -> TestServer:
 
     @web.middleware
     async def cors(request: web.Request, handler: Any) -> web.StreamResponse:
+        tokens.requests.append(f"{request.method} {request.path}")
         response = await handler(request)
         response.headers["Access-Control-Allow-Origin"] = "*"
         return response
@@ -266,37 +303,224 @@ async def token_server(agent_url: str, api_key: str) -> TestServer:
     app.router.add_route("OPTIONS", "/token", preflight)
     server = TestServer(app, host="127.0.0.1")
     await server.start_server()
-    return server
+    tokens = TokenServer(server)
+    return tokens
+
+
+async def open_recorded_page(browser: Browser, url: str) -> tuple[Page, PageLog, list[Request]]:
+    """open_page, with every request the page makes recorded from before it loads."""
+    context = await browser.new_context(viewport={"width": 1100, "height": 900})
+    page = await context.new_page()
+    log = PageLog()
+    requests: list[Request] = []
+    page.on("console", log.on_console)
+    page.on("pageerror", log.on_page_error)
+    page.on("request", lambda request: requests.append(request))
+    await page.goto(url)
+    return page, log, requests
+
+
+def paths(requests: list[Request], method: str | None = None) -> list[str]:
+    return [urlsplit(r.url).path for r in requests if method is None or r.method == method]
+
+
+async def ready_status(running: RunningAgent) -> int:
+    async with aiohttp.ClientSession() as http:
+        async with http.get(running.url + "/health/ready") as response:
+            return response.status
 
 
 @needs_chromium
 async def test_auth_required_then_token_url_works(
     start_agent: AgentFactory, chromium: Browser
 ) -> None:
-    running = await start_agent(auth=AuthSettings(api_keys=("sk-test-key",)))
-    page, _ = await open_page(chromium, running.url + "/")
-    await expect(page.locator("#agent-info")).to_contain_text("needs authorization",
-                                                              timeout=UI_TIMEOUT_MS)
-    await page.click("#call")
-    error = page.locator("#error")
-    await expect(error).to_have_attribute("data-code", "auth_required", timeout=UI_TIMEOUT_MS)
-    await expect(error).to_contain_text("token URL")
-    assert not running.agent.calls
-
-    tokens = await token_server(running.url, "sk-test-key")
+    tokens = await token_server()
     try:
-        token_url = str(tokens.make_url("/token"))
-        page, log = await open_page(chromium, running.url + "/?token_url=" + token_url)
-        await expect(page.locator("#agent-info")).to_have_text("Agent: echo", timeout=UI_TIMEOUT_MS)
+        running = await start_agent(auth=AuthSettings(api_keys=(tokens.api_key,)),
+                                    token_url_origins=(tokens.origin,))
+        tokens.agent_url = running.url
+        page, _ = await open_page(chromium, running.url + "/")
+        await expect(page.locator("#agent-info")).to_contain_text("needs authorization",
+                                                                  timeout=UI_TIMEOUT_MS)
+        await page.click("#call")
+        error = page.locator("#error")
+        await expect(error).to_have_attribute("data-code", "auth_required", timeout=UI_TIMEOUT_MS)
+        await expect(error).to_contain_text("token URL")
+        assert not running.agent.calls
+
+        page, log = await open_page(chromium, running.url + "/?token_url=" + quote(tokens.url))
+        await expect(page.locator("#agent-info")).to_contain_text(
+            "the token URL will be used when you press Call", timeout=UI_TIMEOUT_MS)
+        await expect(page.locator("#token-origins")).to_contain_text(tokens.origin)
+        await expect(page.locator("#error")).to_be_hidden()
+        await page.wait_for_load_state("networkidle")
+        assert tokens.requests == []  # loading the page asks the token URL nothing
         await connect(page)
+        assert tokens.posts() == 1
+        # The first secret let the page list the agent (and its voices, for the next call).
+        await expect(page.locator("#agent-info")).to_have_text("Agent: echo")
         await wait_for_inbound_audio(page)
         call = next(iter(running.agent.calls.values()))
         await page.click("#hangup")
         await wait_until(lambda: all_freed(running), timeout=5)
         assert call.end_reason == "hangup"  # the secret may DELETE the call it created
-        assert_clean(log)
+        assert_clean(log, allowed=(UNAUTHORIZED_ON_LOAD,))
     finally:
-        await tokens.close()
+        await tokens.server.close()
+
+
+@needs_chromium
+async def test_load_voices_is_a_user_action(
+    start_agent: AgentFactory, chromium: Browser
+) -> None:
+    tokens = await token_server()
+    try:
+        running = await start_agent(TextEchoPlugin(frames_per_word=2),
+                                    auth=AuthSettings(api_keys=(tokens.api_key,)),
+                                    token_url_origins=(tokens.origin,))
+        tokens.agent_url = running.url
+        page, log = await open_page(chromium, running.url + "/?token_url=" + quote(tokens.url))
+        load = page.locator("#load-voices")
+        await expect(load).to_be_visible(timeout=UI_TIMEOUT_MS)
+        await expect(page.locator("#voice option")).to_have_count(1)
+        # Typing another accepted token URL asks nothing either.
+        await page.fill("#token-url", tokens.url + "?again=1")
+        await page.dispatch_event("#token-url", "change")
+        await page.wait_for_load_state("networkidle")
+        assert tokens.requests == []
+        await load.click()
+        await expect(page.locator("#voice option")).to_have_count(3, timeout=UI_TIMEOUT_MS)
+        assert tokens.posts() == 1
+        await expect(load).to_be_hidden()
+        assert not running.agent.calls
+        assert_clean(log, allowed=(UNAUTHORIZED_ON_LOAD,))
+    finally:
+        await tokens.server.close()
+
+
+@needs_chromium
+async def test_token_url_on_an_origin_not_allowed_gets_no_request(
+    start_agent: AgentFactory, chromium: Browser
+) -> None:
+    tokens = await token_server()
+    try:
+        running = await start_agent(auth=AuthSettings(api_keys=(tokens.api_key,)),
+                                    token_url_origins=("https://app.example",))
+        tokens.agent_url = running.url
+        page, log = await open_page(chromium, running.url + "/?token_url=" + quote(tokens.url))
+        error = page.locator("#error")
+        await expect(error).to_have_attribute("data-code", "token_url_refused",
+                                              timeout=UI_TIMEOUT_MS)
+        await expect(error).to_contain_text(f"{tokens.origin} is not among the origins")
+        await expect(error).to_contain_text("--token-url-origin")
+        await expect(page.locator("#agent-info")).to_contain_text("token URL set was refused",
+                                                                  timeout=UI_TIMEOUT_MS)
+        await expect(page.locator("#load-voices")).to_be_hidden()
+        await page.click("#call")
+        await expect(page.locator("#status")).to_have_text("Call not started.")
+        await expect(error).to_have_attribute("data-code", "token_url_refused")
+        await expect(page.locator("#call")).to_be_enabled()
+        await page.wait_for_load_state("networkidle")
+        assert tokens.requests == []
+        assert not running.agent.calls
+        assert_clean(log, allowed=(UNAUTHORIZED_ON_LOAD,))
+    finally:
+        await tokens.server.close()
+
+
+@needs_chromium
+async def test_a_link_to_admin_drain_sends_nothing_and_the_server_keeps_serving(
+    start_agent: AgentFactory, chromium: Browser
+) -> None:
+    """The reported hole: `/?token_url=/admin/drain` drained an open server on page load."""
+    running = await start_agent()
+    page, log, requests = await open_recorded_page(
+        chromium, running.url + "/?token_url=/admin/drain")
+    await page.wait_for_load_state("networkidle")
+    assert "/admin/drain" not in paths(requests)
+    assert not running.server.app[drain.DRAIN_KEY].draining
+    assert paths(requests, "POST") == []  # nothing but GETs on load
+    error = page.locator("#error")
+    await expect(error).to_have_attribute("data-code", "token_url_refused", timeout=UI_TIMEOUT_MS)
+    await expect(error).to_contain_text(
+        "only /v1/realtime/client_secrets may be used, not /admin/drain")
+    await expect(error).to_contain_text("--token-url-origin")
+    await expect(page.locator("#agent-info")).to_have_text("Agent: echo")
+
+    # Nor does pressing Call, or typing another route of the agent into the field.
+    await page.click("#call")
+    await expect(page.locator("#status")).to_have_text("Call not started.")
+    await page.fill("#token-url", "/v1/realtime/calls")
+    await page.dispatch_event("#token-url", "change")
+    await expect(error).to_contain_text("not /v1/realtime/calls")
+    await page.click("#call")
+    await expect(error).to_have_attribute("data-code", "token_url_refused")
+    await page.wait_for_load_state("networkidle")
+    assert "/admin/drain" not in paths(requests)
+    assert paths(requests, "POST") == []
+    assert not running.server.app[drain.DRAIN_KEY].draining
+    assert await ready_status(running) == 200
+    assert not running.agent.calls
+    assert_clean(log)
+
+
+@needs_chromium
+async def test_same_origin_client_secrets_route_on_an_open_server(
+    start_agent: AgentFactory, chromium: Browser
+) -> None:
+    running = await start_agent()
+    page, log, requests = await open_recorded_page(
+        chromium, running.url + "/?token_url=/v1/realtime/client_secrets")
+    await expect(page.locator("#agent-info")).to_have_text("Agent: echo", timeout=UI_TIMEOUT_MS)
+    await page.wait_for_load_state("networkidle")
+    assert paths(requests, "POST") == []
+    await expect(page.locator("#error")).to_be_hidden()
+    await connect(page)
+    await wait_for_inbound_audio(page)
+    assert paths(requests, "POST") == ["/v1/realtime/client_secrets", "/v1/realtime/calls"]
+    offer = next(r for r in requests if r.method == "POST" and r.url.endswith("/calls"))
+    assert (await offer.all_headers())["authorization"].startswith("Bearer ek_")
+    call = next(iter(running.agent.calls.values()))
+    await page.click("#hangup")
+    await wait_until(lambda: all_freed(running), timeout=5)
+    assert call.end_reason == "hangup"
+    assert_clean(log)
+
+
+def test_token_url_origin_flag_normalizes_and_refuses(capsys: pytest.CaptureFixture[str]) -> None:
+    args = build_parser().parse_args([
+        "--token-url-origin", "HTTPS://App.Example:443/", "--token-url-origin",
+        "http://localhost:8000", "--token-url-origin", "http://[0::1]:9", "--token-url-origin",
+        "https://app.example"])
+    assert page_module.origins_from_args(args) == (
+        "https://app.example", "http://localhost:8000", "http://[::1]:9")
+    assert page_module.origins_from_args(build_parser().parse_args([])) == ()
+    for bad, says in [("http://app.example", "http is accepted only on loopback"),
+                      ("https://app.example/token", "no path"),
+                      ("*", "give an origin"), ("javascript:alert(1)", "give an origin")]:
+        with pytest.raises(SystemExit) as exited:
+            build_parser().parse_args(["--token-url-origin", bad])
+        assert exited.value.code == 2
+        lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error")]
+        assert len(lines) == 1, lines
+        assert lines[0].startswith(f"error [token_url_origin_invalid]: --token-url-origin {bad!r}")
+        assert says in lines[0]
+
+
+async def test_index_carries_the_allowed_origins(start_agent: AgentFactory) -> None:
+    running = await start_agent(token_url_origins=("https://app.example", "http://127.0.0.1:9"))
+    async with aiohttp.ClientSession() as http:
+        async with http.get(running.url + "/") as response:
+            assert response.status == 200
+            assert response.content_type == "text/html"
+            text = await response.text()
+    assert ('<meta name="token-url-origins" content="https://app.example http://127.0.0.1:9">'
+            in text)
+    assert page_module.render(page_module.META_PLACEHOLDER, ['"><script>']) == (
+        '<meta name="token-url-origins" content="&quot;&gt;&lt;script&gt;">')
+    with pytest.raises(ValueError, match="--token-url-origin 'http://evil.example'"):
+        create_app(MediaAgent(EchoPlugin(), AgentSettings()),
+                   token_url_origins=("http://evil.example",))
 
 
 @needs_chromium

@@ -2,7 +2,15 @@
 
 import { AudioGraph } from "./audio-graph.js";
 import { CallFailure, VoiceCall } from "./call.js";
-import { parseIceServers, parseModels, secretFromTokenResponse, settingsFromQuery } from "./config.js";
+import {
+  parseIceServers,
+  parseModels,
+  parseOriginList,
+  resolveTokenUrl,
+  secretFromTokenResponse,
+  settingsFromQuery,
+  tokenUrlProblem,
+} from "./config.js";
 import {
   connectionFailure,
   httpFailure,
@@ -10,6 +18,7 @@ import {
   serverEnded,
   sessionError,
   tokenFailure,
+  tokenUrlRefused,
 } from "./failures.js";
 import { MeterBallistics } from "./levels.js";
 import { CallRecording, RECORDING_MODES } from "./recorder.js";
@@ -42,6 +51,9 @@ const ui = {
   noiseSuppression: $("noise-suppression"),
   autoGain: $("auto-gain"),
   tokenUrl: $("token-url"),
+  tokenOrigins: $("token-origins"),
+  loadVoices: $("load-voices"),
+  connectionDetails: $("connection-details"),
   recordMode: $("record-mode"),
   record: $("record"),
   download: $("download"),
@@ -56,6 +68,10 @@ const state = {
   micStream: null,
   graph: null,
   model: null, // what GET /v1/models said, if anything
+  needsAuth: false, // GET /v1/models said 401/403: voices need a secret from the token URL
+  // Where a token URL may live besides this agent's own client_secrets route: filled in by
+  // the agent from --token-url-origin (signaling/page.py).
+  tokenOrigins: parseOriginList(document.querySelector('meta[name="token-url-origins"]')?.content),
   active: null, // what session.created / session.updated said
   endReason: null, // from a call.ending event
   transcript: new Transcript(),
@@ -105,8 +121,27 @@ async function getJson(path, secret) {
   return { status: response.status, body };
 }
 
+// -- the token URL --------------------------------------------------------------------------
+
+/** Why the token URL in the field must not be used, as a failure to show; null when it may. */
+function tokenUrlRefusal() {
+  const text = ui.tokenUrl.value.trim();
+  const problem = tokenUrlProblem(text, location.origin, state.tokenOrigins);
+  return problem ? tokenUrlRefused(text, problem) : null;
+}
+
+/** The token URL to POST to, null when none is set; a refused one throws before any request. */
+function acceptedTokenUrl() {
+  const text = ui.tokenUrl.value.trim();
+  if (!text) return null;
+  const refusal = tokenUrlRefusal();
+  if (refusal) throw new CallFailure(refusal);
+  return resolveTokenUrl(text, location.origin).href;
+}
+
+/** Only ever called from a user action (Call, Load voices): never on load or on typing. */
 async function fetchSecret(session) {
-  const url = ui.tokenUrl.value.trim();
+  const url = acceptedTokenUrl();
   if (!url) return null;
   let response;
   try {
@@ -114,6 +149,7 @@ async function fetchSecret(session) {
       method: "POST",
       headers: { "Content-Type": "application/json" },
       body: JSON.stringify(session ? { session } : {}),
+      redirect: "error", // the accepted URL answers itself; it may not send the persona on
     });
   } catch {
     throw new CallFailure(tokenFailure(0, null));
@@ -157,23 +193,65 @@ function fillVoices(model) {
   updateFieldLocks();
 }
 
-async function loadServerInfo() {
-  try {
-    // A secret the page never calls with just expires; it lets a keyed agent list voices.
-    const secret = ui.tokenUrl.value.trim() ? await fetchSecret(null) : null;
-    const result = await getJson("/v1/models", secret);
-    if (result.status === 401 || result.status === 403) {
-      ui.agentInfo.textContent = "This agent needs authorization: set a token URL under Settings.";
-      return;
-    }
-    state.model = result.status === 200 ? parseModels(result.body) : null;
-    ui.agentInfo.textContent = state.model ? describeModel(state.model) : "Agent ready (it does not list its voices).";
-  } catch (error) {
-    ui.agentInfo.textContent = error instanceof CallFailure
-      ? error.message
-      : "Agent ready (it does not list its voices).";
+function renderAgentInfo() {
+  const tokenUrl = ui.tokenUrl.value.trim();
+  const refused = tokenUrlRefusal() !== null;
+  let text;
+  if (!state.needsAuth) {
+    text = state.model ? describeModel(state.model) : "Agent ready (it does not list its voices).";
+  } else if (!tokenUrl) {
+    text = "This agent needs authorization: set a token URL under Settings.";
+  } else if (refused) {
+    text = "This agent needs authorization, and the token URL set was refused (see the message under Call).";
+  } else {
+    text = "This agent needs authorization: the token URL will be used when you press Call.";
   }
+  ui.agentInfo.textContent = text;
+  ui.loadVoices.hidden = !(state.needsAuth && tokenUrl && !refused);
+}
+
+/**
+ * `GET /v1/models`: without a secret on load (the token URL is never asked then); with one
+ * once a user action (Call, Load voices) fetched it, so a keyed agent lists its voices.
+ */
+async function loadServerInfo(secret = null) {
+  try {
+    const result = await getJson("/v1/models", secret);
+    state.needsAuth = result.status === 401 || result.status === 403;
+    state.model = result.status === 200 ? parseModels(result.body) : null;
+  } catch {
+    state.needsAuth = false;
+    state.model = null;
+  }
+  renderAgentInfo();
   fillVoices(state.model);
+}
+
+/** Load voices: a user gesture. The secret is never called with; it just expires. */
+async function loadVoicesWithToken() {
+  if (state.phase !== "idle") return;
+  clearError();
+  ui.loadVoices.disabled = true;
+  try {
+    await loadServerInfo(await fetchSecret(null));
+  } catch (error) {
+    showError(error instanceof CallFailure ? error : tokenFailure(0, null));
+  } finally {
+    ui.loadVoices.disabled = state.phase !== "idle";
+  }
+}
+
+/** A new token URL is checked, and the refusal shown, without any request. */
+function onTokenUrlChange() {
+  if (ui.error.dataset.code === "token_url_refused") clearError();
+  const refusal = tokenUrlRefusal();
+  if (refusal) showError(refusal);
+  renderAgentInfo();
+}
+
+function showTokenOrigins() {
+  ui.tokenOrigins.textContent = `Origins this agent allows: ${state.tokenOrigins.join(", ")}.`;
+  ui.tokenOrigins.hidden = !state.tokenOrigins.length;
 }
 
 async function iceServers(secret) {
@@ -255,6 +333,7 @@ function setPhase(phase) {
   ui.hangup.disabled = !inCall || phase === "ending";
   ui.record.disabled = phase !== "connected";
   ui.tokenUrl.disabled = inCall;
+  ui.loadVoices.disabled = inCall;
   updateFieldLocks();
 }
 
@@ -287,6 +366,12 @@ function formFields() {
 async function startCall() {
   if (state.phase !== "idle") return;
   clearError();
+  const refusal = tokenUrlRefusal();
+  if (refusal) {
+    showError(refusal); // before the microphone and before any request
+    setStatus("Call not started.");
+    return;
+  }
   state.timings = { pressedAt: performance.now() };
   state.endReason = null;
   state.active = null;
@@ -315,6 +400,8 @@ async function startCall() {
     if (ui.tokenUrl.value.trim()) {
       setStatus("Getting a call token…");
       secret = await fetchSecret(session);
+      // The agent would not list its voices without a secret: now it can, for the next call.
+      if (state.needsAuth && secret) await loadServerInfo(secret);
     }
     const servers = await iceServers(secret);
     if (state.phase !== "starting") return;
@@ -588,7 +675,10 @@ async function toggleRecording() {
 
 function init() {
   const query = settingsFromQuery(location.search);
-  if (query.tokenUrl) ui.tokenUrl.value = query.tokenUrl;
+  if (query.tokenUrl) {
+    ui.tokenUrl.value = query.tokenUrl;
+    ui.connectionDetails.open = true; // a link set it: show which URL the page would ask
+  }
   if (query.instructions) ui.persona.value = query.instructions;
   for (const [box, name] of [
     [ui.echoCancellation, "echo_cancellation"],
@@ -613,14 +703,18 @@ function init() {
   for (const box of [ui.echoCancellation, ui.noiseSuppression, ui.autoGain]) {
     box.addEventListener("change", reopenMicrophone);
   }
-  ui.tokenUrl.addEventListener("change", () => loadServerInfo());
+  ui.tokenUrl.addEventListener("change", onTokenUrlChange);
+  ui.loadVoices.addEventListener("click", loadVoicesWithToken);
   document.getElementById("settings").addEventListener("submit", (event) => event.preventDefault());
   navigator.mediaDevices?.addEventListener?.("devicechange", () => refreshMicrophones().catch(() => {}));
   window.addEventListener("pagehide", () => state.call?.hangup());
   renderStats(null, "idle");
   setPhase("idle");
   refreshMicrophones().catch(() => {});
-  loadServerInfo();
+  showTokenOrigins();
+  const refusal = tokenUrlRefusal();
+  if (refusal) showError(refusal);
+  loadServerInfo(); // no secret, so no request to the token URL
 }
 
 // A read-only handle for tests, benchmarks and curious developers (devtools console).

@@ -76,3 +76,67 @@ export function secretFromTokenResponse(body) {
   if (nested && typeof nested.value === "string" && nested.value) return nested.value;
   return null;
 }
+
+/** The agent's own route for ephemeral secrets: the one same-origin token URL the page uses. */
+export const CLIENT_SECRETS_PATH = "/v1/realtime/client_secrets";
+
+const LOOPBACK_HOSTS = new Set(["127.0.0.1", "localhost", "[::1]"]);
+
+function parseUrl(text, base) {
+  try {
+    return new URL(text, base);
+  } catch {
+    return null;
+  }
+}
+
+/** An https origin, or an http one on loopback: the only kinds a token URL may live on. */
+function safeOrigin(url) {
+  return url.protocol === "https:" || (url.protocol === "http:" && LOOPBACK_HOSTS.has(url.hostname));
+}
+
+/**
+ * `<meta name="token-url-origins" content="...">` (space separated, filled in by the agent
+ * from `--token-url-origin`) → the origins as browsers write them; anything else is dropped.
+ */
+export function parseOriginList(text) {
+  const origins = [];
+  for (const word of String(text ?? "").split(/\s+/)) {
+    const url = word ? parseUrl(word) : null;
+    if (url && safeOrigin(url) && !origins.includes(url.origin)) origins.push(url.origin);
+  }
+  return origins;
+}
+
+/** A token URL as the page would request it (resolved against the page), or null. */
+export function resolveTokenUrl(text, pageOrigin) {
+  return parseUrl(String(text ?? "").trim(), `${pageOrigin}/`);
+}
+
+/**
+ * Why the page must not send its persona to `text` and take a secret back, or null when it
+ * may (or no token URL is set). Accepted: this agent's own `CLIENT_SECRETS_PATH` on the
+ * page's origin, or any URL on an origin in `allowedOrigins` (https, or http on loopback).
+ * Every other same-origin path (e.g. `/admin/drain`) is refused even if the page's own origin
+ * is listed: a POST there would act with the page's standing.
+ */
+export function tokenUrlProblem(text, pageOrigin, allowedOrigins = []) {
+  if (!String(text ?? "").trim()) return null;
+  const url = resolveTokenUrl(text, pageOrigin);
+  if (!url) return "it is not a valid URL";
+  if (url.protocol !== "https:" && url.protocol !== "http:") {
+    return `it is a ${url.protocol} URL, not http(s)`;
+  }
+  if (url.username || url.password) return "it carries a user name or password";
+  if (url.origin === pageOrigin) {
+    if (url.pathname !== CLIENT_SECRETS_PATH || url.search) {
+      return `on this agent's own origin only ${CLIENT_SECRETS_PATH} may be used, not ${url.pathname}${url.search}`;
+    }
+    return null;
+  }
+  if (!safeOrigin(url)) return `${url.origin} is neither https nor http on loopback`;
+  if (!allowedOrigins.includes(url.origin)) {
+    return `${url.origin} is not among the origins this agent allows`;
+  }
+  return null;
+}

@@ -81,6 +81,24 @@ export function tokenFailure(status, body) {
   };
 }
 
+const SHOWN_URL_CHARS = 80;
+
+/**
+ * The token URL was not used (config.js `tokenUrlProblem` gave `reason`): no request went to
+ * it. The address text is the visitor's link, so it is shortened, and shown as text only.
+ */
+export function tokenUrlRefused(url, reason) {
+  const text = String(url ?? "");
+  const shown = text.length > SHOWN_URL_CHARS ? `${text.slice(0, SHOWN_URL_CHARS)}…` : text;
+  return {
+    code: "token_url_refused",
+    message:
+      `The token URL "${shown}" was not used: ${reason}. The page takes only this agent's own ` +
+      "/v1/realtime/client_secrets, or a URL on an origin the agent's operator allowed with " +
+      "--token-url-origin ORIGIN (https, or http on 127.0.0.1/localhost/[::1]).",
+  };
+}
+
 /** getUserMedia failed. */
 export function mediaFailure(error) {
   const name = error && typeof error === "object" ? error.name : "";

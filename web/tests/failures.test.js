@@ -2,6 +2,7 @@ import { test } from "node:test";
 import assert from "node:assert/strict";
 import {
   connectionFailure, httpFailure, mediaFailure, serverEnded, sessionError, tokenFailure,
+  tokenUrlRefused,
 } from "../failures.js";
 
 test("401 and 403 ask for a token URL and pass on the server's words", () => {
@@ -63,4 +64,14 @@ test("error events keep their code", () => {
   assert.equal(f.code, "voice_update_unsupported");
   assert.match(f.message, /cannot change/);
   assert.equal(sessionError({ type: "error" }).code, "session_error");
+});
+
+test("a refused token URL says why and names the flag that allows an origin", () => {
+  const f = tokenUrlRefused("/admin/drain", "on this agent's own origin only /v1/realtime/client_secrets may be used, not /admin/drain");
+  assert.equal(f.code, "token_url_refused");
+  assert.match(f.message, /"\/admin\/drain" was not used: on this agent's own origin/);
+  assert.match(f.message, /--token-url-origin ORIGIN/);
+  const long = tokenUrlRefused(`https://evil.example/${"x".repeat(500)}`, "no");
+  assert.ok(long.message.length < 400);
+  assert.match(long.message, /…" was not used/);
 });
