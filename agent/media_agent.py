@@ -8,7 +8,7 @@ import contextvars
 import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NoReturn, Protocol
 
 import aiortc
 from aiortc import RTCConfiguration, RTCIceServer, RTCPeerConnection
@@ -33,6 +33,21 @@ ON_PLACED: contextvars.ContextVar[Callable[[], None] | None] = contextvars.Conte
     "on_placed", default=None)
 
 log = logging.getLogger(__name__)
+
+
+class SharedCapacity(Protocol):
+    """The whole server's call limit, where several worker processes share it (each holds
+    its own legs; signaling/worker_limits.py counts them together)."""
+
+    def claim(self, held_here: int) -> bool:
+        """This process would hold `held_here` slots: True (and counted) when the server as
+        a whole stays within its limit."""
+
+    def publish(self, held_here: int) -> None:
+        """This process holds `held_here` slots now."""
+
+    def full(self) -> bool:
+        """The server as a whole holds its limit."""
 
 
 @dataclass
@@ -62,6 +77,8 @@ class MediaAgent:
         self.ticker.on_tick = self.metrics.observe_tick
         # Set by a graceful drain: no new calls, live ones go on (see signaling/drain.py).
         self.draining = False
+        # Set where other processes share the server's call limit.
+        self.shared_capacity: SharedCapacity | None = None
 
     def stop_timing_metrics(self) -> None:
         """No per-tick histogram work (`--no-metrics`): nobody scrapes it."""
@@ -90,7 +107,8 @@ class MediaAgent:
     def has_room(self) -> bool:
         """A new call would be admitted now (not draining, a slot free)."""
         capacity = self.capacity
-        return not self.draining and not (capacity and self.legs.held_slots >= capacity)
+        return (not self.draining and not (capacity and self.legs.held_slots >= capacity)
+                and not (self.shared_capacity is not None and self.shared_capacity.full()))
 
     def check_capacity(self) -> None:
         if self.draining:
@@ -99,10 +117,15 @@ class MediaAgent:
                             "instance or retry later", status=503)
         capacity = self.capacity
         if capacity and self.legs.held_slots >= capacity:
-            self.metrics.refused("server_full")
-            raise CallError(
-                "server_full", f"all {capacity} call slots are in use; retry later", status=503
-            )
+            self._refuse_full(capacity)
+        if self.shared_capacity is not None and self.shared_capacity.full():
+            self._refuse_full(capacity)
+
+    def _refuse_full(self, capacity: int) -> NoReturn:
+        self.metrics.refused("server_full")
+        raise CallError(
+            "server_full", f"all {capacity} call slots are in use; retry later", status=503
+        )
 
     @property
     def calls(self) -> dict[str, WebRtcLeg]:
@@ -150,6 +173,8 @@ class MediaAgent:
                  leg.transport, len(self.legs))
 
     def _leg_ended(self, leg: Leg) -> None:
+        if self.shared_capacity is not None:
+            self.shared_capacity.publish(self.legs.held_slots)
         self.metrics.call_ended(leg.transport, leg.end_reason, media_counts(leg))
         log.info("call %s end reason=%s duration=%.1fs calls=%d", leg.id, leg.end_reason,
                  leg.stats()["age_s"], len(self.legs))
@@ -158,11 +183,18 @@ class MediaAgent:
     def admit(self) -> Iterator[None]:
         """Hold a slot while a leg is set up (raises CallError when full or draining)."""
         self.check_capacity()
-        with self.legs.reserve():
-            on_placed = ON_PLACED.get()
-            if on_placed is not None:
-                on_placed()
-            yield
+        shared = self.shared_capacity
+        if shared is not None and not shared.claim(self.legs.held_slots + 1):
+            self._refuse_full(self.capacity)  # another process took the last slot meanwhile
+        try:
+            with self.legs.reserve():
+                on_placed = ON_PLACED.get()
+                if on_placed is not None:
+                    on_placed()
+                yield
+        finally:
+            if shared is not None:
+                shared.publish(self.legs.held_slots)
 
     async def hangup(self, call_id: str) -> bool:
         leg = self.legs.get(call_id)

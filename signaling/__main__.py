@@ -28,7 +28,8 @@ from agent.plugins.registry import available_plugins, load_plugin, plugin_class
 from agent.redact import RedactingFilter
 from agent.rtc_tuning import limit_host_addresses, parse_codec_list
 
-from . import address_limit, auth, cors, drain, gc_tuning, ice, slow_clients, telephony
+from . import (address_limit, auth, bad_requests, cors, drain, gc_tuning, ice, page, slow_clients,
+               telephony, worker_channel)
 from .plugin_flags import PluginFlagsParser, plugin_extra
 from .app import create_app
 from .serving import Listeners, serve
@@ -91,8 +92,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--workers", type=int, default=None, metavar="N",
-        help="worker processes behind the one port, each with its own event loop and its "
-        "share of --max-sessions (default: one per CPU core for plugins that run one "
+        help="worker processes behind the one port, each with its own event loop; "
+        "--max-sessions and the other limits stay the whole server's (default: one per CPU core for plugins that run one "
         "instance per worker — echo, vllm-omni; always 1 for a model held in this process — "
         "personaplex, moshi — and for moshi-server, whose reference servers hold one call: "
         "scale the models out with more engines behind the remote plugins)")
@@ -145,6 +146,13 @@ def build_parser() -> argparse.ArgumentParser:
     calls.add_argument("--record-format", choices=("flac", "opus"), default="flac",
                        help="--record-dir files: flac (lossless, <call_id>.flac) or opus "
                        "(Ogg-Opus, about a tenth of the size, <call_id>.ogg)")
+    calls.add_argument("--record-max-seconds", type=float, default=3600.0, metavar="S",
+                       help="close a call's recording after S seconds of audio; the call goes "
+                       "on (default 3600; 0 = no limit)")
+    calls.add_argument("--record-min-free-mb", type=float, default=512.0, metavar="MB",
+                       help="stop recording (or never start) while the --record-dir file system "
+                       "has less than MB free, checked every few seconds; the call goes on "
+                       "(default 512; 0 = no floor)")
     calls.add_argument("--max-voice-upload-bytes", type=int, default=0, metavar="BYTES",
                        help="take a voice recording uploaded with an offer (multipart field "
                        "'voice_audio', plugins with voice_upload) up to this size; 0 = refuse "
@@ -180,6 +188,7 @@ def build_parser() -> argparse.ArgumentParser:
     telephony.add_arguments(parser)
     ice.add_arguments(parser)
     cors.add_arguments(parser)
+    page.add_arguments(parser)
     return parser
 
 
@@ -190,14 +199,17 @@ def settings_from_args(args: argparse.Namespace, workers: int = 1) -> AgentSetti
         jitter_prefetch_packets=max(0, args.jitter_buffer),
         codecs=tuple(args.codecs),
         opus_complexity=args.opus_complexity,
-        # Each worker admits its share, so all of them together admit --max-sessions.
-        max_calls=-(-total_calls // workers),
+        # Every worker may hold up to the limit; with several, they count their calls
+        # together (worker_limits.py), so the server as a whole admits --max-sessions.
+        max_calls=total_calls,
         call=CallSettings(
             idle_timeout=args.idle_timeout,
             connect_timeout=args.connect_timeout,
             max_call_seconds=args.max_call_seconds,
             record_dir=args.record_dir,
             record_format=args.record_format,
+            record_max_seconds=args.record_max_seconds,
+            record_min_free_mb=args.record_min_free_mb,
         ),
     )
 
@@ -265,6 +277,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         handler.addFilter(RedactingFilter([media_stream_path]))
     if args.log_format == "json":
         json_log.use_json(worker=args.worker_index)
+    bad_requests.install()  # a client's malformed HTTP: one INFO line a second, no traceback
     # aioice logs every candidate pair check at INFO: one line per call is enough here.
     logging.getLogger("aioice").setLevel(max(logging.WARNING, logging.getLogger().level))
     if args.worker_index is None:  # workers inherit it from the supervisor
@@ -273,7 +286,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     group = None
     if args.worker_index is not None:
         worker_tag.set_worker(args.worker_index)
-        group = WorkerGroup(args.worker_index, workers, Path(args.worker_dir))
+        try:
+            group = WorkerGroup(args.worker_index, workers, Path(args.worker_dir),
+                                os.environ.pop(worker_channel.SECRET_ENV).encode())
+        except KeyError:
+            exit_with_error("not_a_worker", "--worker-index is set by the supervisor "
+                            "(--workers N), not by hand")
     # Checked here, before any worker starts, so a mistake is one line from this process.
     try:
         ssl_context = tls_context_from_args(args)
@@ -294,7 +312,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                      telephony_config=telephony.config_from_args(args),
                      body_timeout=args.body_timeout, drain_seconds=args.drain_seconds,
                      metrics_enabled=not args.no_metrics,
-                     voice_upload_bytes=args.max_voice_upload_bytes, workers=group)
+                     voice_upload_bytes=args.max_voice_upload_bytes, workers=group,
+                     token_url_origins=page.origins_from_args(args))
     app.on_startup.append(_drain_on_sigterm)
     app.on_startup.append(gc_tuning.freeze_after_startup)  # after the plugin loaded
     if auth_settings.open:

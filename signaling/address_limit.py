@@ -5,6 +5,10 @@ passes authentication (`mark_authenticated`, called by the auth middleware; on a
 without keys every non-public request passes) or it closes. One address holding more than
 `--max-unauthenticated-per-address` such connections has the next one closed at once,
 before aiohttp sees it: no request head is read, no task is started for it.
+
+With several workers the count is the server's, not each worker's: the gate counts each
+address in the workers' shared tally (worker_tally.py), so one address holds at most N such
+connections across every worker, handed-over connections included.
 """
 
 from __future__ import annotations
@@ -12,7 +16,8 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import Counter
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Protocol
 
 from aiohttp import web
 
@@ -23,24 +28,54 @@ log = logging.getLogger(__name__)
 DEFAULT_PER_ADDRESS = 128
 
 
+class SharedCount(Protocol):
+    """Counts kept together with other processes (signaling/worker_tally.SharedTally)."""
+
+    def take(self, key: int, limit: int, amount: int = 1) -> bool | None: ...
+
+    def give_back(self, key: int, amount: int = 1) -> None: ...
+
+
 class AddressGate:
     def __init__(self, per_address: int) -> None:
         self.per_address = per_address
         self.unauthenticated: Counter[str] = Counter()
         self.refused = 0
         self._connections: dict[int, GatedProtocol] = {}  # by id() of the inner handler
+        self._shared: SharedCount | None = None
+        self._shared_held: Counter[str] = Counter()  # connections counted in `_shared`
+        self._key_of: Callable[[str], int] = lambda address: 0
+
+    def share(self, shared: SharedCount | None, key_of: Callable[[str], int]) -> None:
+        """Count against the server's limit in `shared` (several workers) from now on
+        (None: no longer)."""
+        self._shared, self._key_of = shared, key_of
+        self._shared_held.clear()
 
     def admit(self, address: str) -> bool:
-        if self.unauthenticated[address] >= self.per_address:
+        if self.unauthenticated[address] >= self.per_address or not self._admit_shared(address):
             self.refused += 1
             return False
         self.unauthenticated[address] += 1
         return True
 
+    def _admit_shared(self, address: str) -> bool:
+        if self._shared is None:
+            return True
+        taken = self._shared.take(self._key_of(address), self.per_address)
+        if taken:
+            self._shared_held[address] += 1
+        return taken is not False  # None: the shared table is full; this worker decides
+
     def forget(self, address: str) -> None:
         self.unauthenticated[address] -= 1
         if self.unauthenticated[address] <= 0:
             del self.unauthenticated[address]
+        if self._shared is not None and self._shared_held[address] > 0:
+            self._shared_held[address] -= 1
+            if not self._shared_held[address]:
+                del self._shared_held[address]
+            self._shared.give_back(self._key_of(address))
 
     def track(self, handler: object, gated: GatedProtocol) -> None:
         self._connections[id(handler)] = gated
@@ -104,12 +139,17 @@ class GatedProtocol(asyncio.Protocol):
         self.inner.connection_lost(exc)
 
 
-def gated_protocol_factory(factory: Any, per_address: int) -> Any:
-    """Wrap a server's protocol factory so each connection passes the address gate."""
+def new_gate(per_address: int) -> AddressGate | None:
+    """The process's gate (None: no limit); every server of the process counts in it."""
     global GATE
-    if per_address <= 0:
+    GATE = AddressGate(per_address) if per_address > 0 else None
+    return GATE
+
+
+def gated_protocol_factory(factory: Any, gate: AddressGate | None) -> Any:
+    """Wrap a server's protocol factory so each connection passes the address gate."""
+    if gate is None:
         return factory
-    gate = GATE = AddressGate(per_address)
 
     def make() -> asyncio.BaseProtocol:
         return GatedProtocol(factory(), gate)

@@ -13,7 +13,11 @@ compared in constant time. A key holder mints ephemeral secrets at
 
 Limits: a key (or, on an open server, everyone together) may hold `--max-secrets-per-key`
 unused secrets at once (429 `too_many_secrets` beyond); a secret bound to a live call is
-never forgotten while the call lives, however many are minted meanwhile.
+never forgotten while the call lives, however many are minted meanwhile. With several
+workers the limit is the server's: each worker counts its unused secrets per key in the
+workers' shared tally (worker_tally.py), and a mint that would take a key past the limit
+anywhere is refused (another worker's expired secrets count until it next prunes, within
+a second).
 
 Ownership: a call belongs to the credential that created it. A key may manage the calls
 made with it and with the secrets it minted; a secret only its own call; anyone else gets
@@ -29,9 +33,10 @@ import hashlib
 import hmac
 import os
 import time
-from collections.abc import Awaitable, Callable, Container
+from collections import Counter
+from collections.abc import Awaitable, Callable, Container, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from aiohttp import web
 
@@ -88,6 +93,14 @@ def _hash(value: str) -> bytes:
     return hashlib.sha256(value.encode("utf-8", "replace")).digest()
 
 
+class SharedCounts(Protocol):
+    """Counts kept together with other processes (signaling/worker_tally.SharedTally)."""
+
+    def claim(self, key: int, value_here: int, limit: int) -> bool | None: ...
+
+    def replace_here(self, values: Mapping[int, int]) -> None: ...
+
+
 class SecretStore:
     """Live ephemeral secrets, looked up by hash.
 
@@ -103,6 +116,30 @@ class SecretStore:
         self._secrets: dict[bytes, EphemeralSecret] = {}
         self.max_per_tenant = max_per_tenant
         self._next_prune = 0.0
+        self._shared: SharedCounts | None = None
+        self._key_of: Callable[[str], int] = lambda tenant: 0
+
+    def share(self, shared: SharedCounts | None, key_of: Callable[[str], int]) -> None:
+        """Count unused secrets against the server's limit in `shared` (several workers;
+        None: no longer)."""
+        self._shared, self._key_of = shared, key_of
+
+    def _unclaimed_by_tenant(self) -> Counter[str]:
+        return Counter(str(s.tenant) for s in self._secrets.values() if s.call_id is None)
+
+    def publish(self) -> None:
+        """Tell the other workers how many unused secrets each key holds here."""
+        if self._shared is not None:
+            self._shared.replace_here({self._key_of(tenant): count for tenant, count
+                                       in self._unclaimed_by_tenant().items()})
+
+    def _within_limit(self, tenant: str | None, unclaimed: int) -> bool:
+        if unclaimed >= self.max_per_tenant:
+            return False
+        if self._shared is None:
+            return True
+        return self._shared.claim(self._key_of(str(tenant)), unclaimed + 1,
+                                  self.max_per_tenant) is not False
 
     def mint(self, tenant: str | None, ttl: float, session: SessionConfig | None,
              live_calls: Container[str]) -> tuple[str, EphemeralSecret]:
@@ -110,11 +147,11 @@ class SecretStore:
         self.prune(live_calls)
         unclaimed = sum(1 for s in self._secrets.values()
                         if s.tenant == tenant and s.call_id is None)
-        if unclaimed >= self.max_per_tenant:
+        if not self._within_limit(tenant, unclaimed):
             # One key's unused secrets must not fill the store for every other key.
             raise ApiError("too_many_secrets",
-                           f"this key already has {unclaimed} unused ephemeral secrets "
-                           "(--max-secrets-per-key); let some expire or use them",
+                           f"this key already has {self.max_per_tenant} unused ephemeral "
+                           "secrets (--max-secrets-per-key); let some expire or use them",
                            headers={"Retry-After": "5"}, status=429)
         if len(self._secrets) >= MAX_LIVE_SECRETS:
             raise ApiError("too_many_secrets", "too many unexpired secrets; retry later",
@@ -142,6 +179,7 @@ class SecretStore:
             spent = secret.call_id is not None and secret.call_id not in live_calls
             if spent or (secret.expired(now) and secret.call_id is None and not secret.in_use):
                 del self._secrets[key]
+        self.publish()
 
     def __len__(self) -> int:
         return len(self._secrets)

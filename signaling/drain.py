@@ -5,6 +5,11 @@ fails so the balancer stops sending), lets live calls run until they end or the 
 deadline (`--drain-seconds`) passes, then ends the rest: a WebRTC call gets a `call.ending`
 event (reason `server_draining`) on its data channel first, a telephony leg a clean close of
 its transport. Then `on_drained` runs; the CLI uses it to exit 0.
+
+Who may drain over HTTP: on a server with keys, only an operator (`--admin-key`); a tenant's
+API key or an ephemeral secret gets 403 `operator_only`, and a server with API keys but no
+admin key drains by signal only. An open server (no keys) lets anyone who reaches it drain,
+as it lets anyone call; the page it serves never posts there by itself (docs/web.md).
 """
 
 from __future__ import annotations
@@ -20,6 +25,8 @@ from aiohttp import web
 
 from agent.media_agent import MediaAgent
 
+from .auth import AUTH_SETTINGS_KEY, principal_of
+from .errors import ApiError
 from .keys import AGENT_KEY
 
 log = logging.getLogger(__name__)
@@ -98,9 +105,16 @@ class DrainController:
 DRAIN_KEY = web.AppKey("drain", DrainController)
 
 
+def check_may_drain(request: web.Request) -> None:
+    """Only an operator drains a server with keys (a coded 403 for anyone else)."""
+    if request.app[AUTH_SETTINGS_KEY].open or principal_of(request).operator:
+        return
+    raise ApiError("operator_only", "only an --admin-key may drain this server (without "
+                   "one, drain it with SIGTERM)", status=403)
+
+
 async def post_drain(request: web.Request) -> web.Response:
-    # Auth: not a public path, and an ephemeral secret may not use it, so with keys only an
-    # operator's API key reaches this.
+    check_may_drain(request)
     controller = request.app[DRAIN_KEY]
     controller.start("POST /admin/drain")
     return web.json_response(controller.describe(), status=202)

@@ -10,6 +10,7 @@ loop's life (stop on GracefulExit or Ctrl-C, cancel what is left, close) is as i
 from __future__ import annotations
 
 import asyncio
+import os
 import socket
 import ssl
 from collections.abc import Callable, Sequence
@@ -55,6 +56,10 @@ async def _serve(app: web.Application, listeners: Listeners, tls: ssl.SSLContext
             server_hook(runner.server)
         for site in listeners.sites(runner, tls):
             await site.start()
+        if listeners.private_path is not None:
+            # A way in past the public port's limits: this user only (the folder may be
+            # one others can enter, e.g. --worker-dir /tmp).
+            os.chmod(listeners.private_path, 0o600)
         on_listening()
         await asyncio.Event().wait()  # until a signal's GracefulExit ends the loop
     finally:

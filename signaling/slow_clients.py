@@ -27,7 +27,7 @@ from aiohttp.web_protocol import RequestHandler
 
 from agent.errors import AgentError
 
-from .address_limit import gated_protocol_factory
+from .address_limit import gated_protocol_factory, new_gate
 from .errors import json_error
 
 log = logging.getLogger(__name__)
@@ -86,18 +86,34 @@ def guarded_event_loop(header_timeout: float,
     connections past `per_address` unauthenticated ones from one address (address_limit.py).
 
     `web.run_app` builds its server internally and takes only a loop, so the loop's
-    `create_server` is the one place every accepted connection can be seen from.
+    `create_server` is the one place every accepted connection can be seen from. A
+    connection another worker hands over (worker_handoff.py) gets the same guards through
+    `guarded_factory`.
     """
+    global guarded_factory
     loop = asyncio.new_event_loop()
     create_server = loop.create_server
+    gate = new_gate(per_address)
+
+    def guard(protocol_factory: ProtocolFactory) -> ProtocolFactory:
+        return gated_protocol_factory(guard_protocol_factory(protocol_factory, header_timeout),
+                                      gate)
 
     async def guarded_create_server(protocol_factory: ProtocolFactory, *args: Any,
                                     **kwargs: Any) -> asyncio.AbstractServer:
-        guarded = guard_protocol_factory(protocol_factory, header_timeout)
-        return await create_server(gated_protocol_factory(guarded, per_address), *args, **kwargs)
+        return await create_server(guard(protocol_factory), *args, **kwargs)
 
     loop.create_server = guarded_create_server  # type: ignore[method-assign]
+    guarded_factory = guard
     return loop
+
+
+def _unguarded(protocol_factory: ProtocolFactory) -> ProtocolFactory:
+    return protocol_factory
+
+
+# The guards of this process's public servers, for connections accepted elsewhere.
+guarded_factory: Callable[[ProtocolFactory], ProtocolFactory] = _unguarded
 
 
 # -- body deadline ----------------------------------------------------------------------------
@@ -144,6 +160,17 @@ async def body_timeout_middleware(request: web.Request, handler: Handler) -> web
                          f"the request body did not arrive within {timeout:g} s")
     refusal.force_close()  # the rest of the body is not worth waiting for
     return refusal
+
+
+async def read_body_in_time(request: web.Request) -> bytes:
+    """The whole body, read outside the body-timeout middleware (a request passed on to
+    another worker is read before it), within the same deadline: BodyTimeout (408) past it."""
+    timeout = request.app[BODY_TIMEOUT_KEY]
+    try:
+        return await asyncio.wait_for(request.read(), timeout if timeout > 0 else None)
+    except asyncio.TimeoutError:
+        STATS.body_timeouts += 1
+        raise BodyTimeout() from None
 
 
 def setup(app: web.Application, body_timeout: float) -> None:

@@ -6,6 +6,12 @@ connection to one worker. Each worker is a whole server (its own event loop, age
 and plugin instance) that also listens on a private unix socket in the worker folder, where
 the other workers forward the requests it owns (worker_routing.py).
 
+The supervisor makes a secret at each start and hands it to the workers in their
+environment: it signs what one worker forwards to another (worker_channel.py). The worker
+folder holds the workers' sockets and shared counts, each private to this user (mode 0600);
+a folder the supervisor made is removed when it stops, and in a folder it was given
+(`--worker-dir`, which may already exist and keeps its mode) only what the workers made is.
+
 Worker 0 starts first, so a start-up mistake (a bad flag value, a bad model folder) is printed
 once and ends the supervisor with its exit status. SIGTERM and SIGINT are passed on to every
 worker (each drains; a second SIGTERM ends them at once); the supervisor exits when all have,
@@ -19,6 +25,7 @@ import ctypes
 import errno
 import logging
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -35,6 +42,9 @@ from agent.cli_errors import exit_with_error
 log = logging.getLogger("signaling.supervisor")
 
 READY_TIMEOUT = 300.0  # a worker loads its plugin before it listens
+CHANNEL_SECRET_ENV = "AGENT_WORKER_CHANNEL_SECRET"  # read (and removed) by each worker
+# What the workers make in the folder: removed at stop even from a folder given to us.
+WORKER_FILES = ("worker-*.sock", "handoff-*.sock", "loads", "*.tally")
 RESTART_DELAY = 0.5
 PR_SET_PDEATHSIG = 1
 
@@ -84,6 +94,7 @@ class Supervisor:
         self.stopping = False
         self.stop_signal = signal.SIGTERM
         self.status = 0
+        self.channel_secret = secrets.token_hex(32)  # this start's, for the workers only
 
     def command(self, index: int) -> list[str]:
         fds = [listener.fileno() for listener in self.listeners]
@@ -94,7 +105,8 @@ class Supervisor:
     def spawn(self, index: int) -> subprocess.Popen[bytes]:
         # Own session: a signal to the supervisor's process group (Ctrl-C, `timeout`) reaches
         # a worker once, through the supervisor, not twice (a second SIGTERM ends calls).
-        worker = subprocess.Popen(self.command(index),
+        environment = {**os.environ, CHANNEL_SECRET_ENV: self.channel_secret}
+        worker = subprocess.Popen(self.command(index), env=environment,
                                   pass_fds=[listener.fileno() for listener in self.listeners],
                                   preexec_fn=_die_with_parent, start_new_session=True)
         self.workers[index] = worker
@@ -184,11 +196,12 @@ def run_supervisor(argv: Sequence[str], count: int, host: str, port: int,
         listeners = bind_listeners(host, port)
     except OSError as exc:
         exit_for_listen_error(exc, host, port)
-    own_folder = folder is None
-    work_folder = Path(folder or tempfile.mkdtemp(prefix="agent-workers-"))
-    work_folder.mkdir(parents=True, exist_ok=True)
-    # The worker sockets are a second way in, past the per-address limits: this user only.
-    os.chmod(work_folder, 0o700)
+    work_folder = Path(folder) if folder else Path(tempfile.mkdtemp(prefix="agent-workers-"))
+    own_folder = folder is None or not work_folder.exists()
+    if own_folder:
+        # The worker sockets are a second way in, past the per-address limits: this user only.
+        work_folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        os.chmod(work_folder, 0o700)
     try:
         return Supervisor(argv, count, work_folder, listeners).run()
     finally:
@@ -196,3 +209,12 @@ def run_supervisor(argv: Sequence[str], count: int, host: str, port: int,
             listener.close()
         if own_folder:
             shutil.rmtree(work_folder, ignore_errors=True)
+        else:
+            remove_worker_files(work_folder)
+
+
+def remove_worker_files(folder: Path) -> None:
+    """What the workers made in a folder the supervisor was given (and only that)."""
+    for pattern in WORKER_FILES:
+        for path in folder.glob(pattern):
+            path.unlink(missing_ok=True)

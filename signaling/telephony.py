@@ -4,7 +4,10 @@
   websocket; the protocol lives in `agent.telephony.media_stream`. Bridges often cannot
   set headers, so this path also takes the API key as `?token=KEY`, or as a last path
   segment, `/v1/telephony/media-stream/KEY`, for bridges whose stream URL cannot carry a
-  query string (Twilio's `<Stream url>`).
+  query string (Twilio's `<Stream url>`). The route part must be spelled as configured:
+  a percent-encoded spelling that decodes to it (`/v1/telephony/media%2Dstream/KEY`) is
+  refused with 400 `non_canonical_path` before auth, so a key never authenticates through a
+  spelling the log filters might not recognise.
 - `POST /v1/telephony/rtp` `{"remote": "HOST:PORT" (optional: latch to the first sender),
   "codec": "PCMU"|"PCMA"|"L16/16000", "dtmf_payload_type": 101, "session": {...}}` → 201
   `{"call_id", "local",
@@ -17,11 +20,13 @@ link-local and unspecified ones 400 `address_not_permitted` (agent/telephony/add
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 
 from aiohttp import WSMsgType, web
+from yarl import URL
 
 from agent.media_agent import ON_PLACED
 from agent.plugins.base import SessionConfig
@@ -33,7 +38,7 @@ from agent.telephony.rtp_leg import (
 )
 
 from .auth import principal_of
-from .errors import ApiError, read_json_object
+from .errors import ApiError, error_response, read_json_object
 from .keys import AGENT_KEY
 from .realtime import RESOURCES_KEY
 
@@ -65,6 +70,10 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 def url_token(request: web.Request, path: str) -> str | None:
+    """The key a media-stream URL carries (`?token=` or the last segment); none from a
+    non-canonical spelling of the route, wherever the token is read (auth, worker routing)."""
+    if not is_canonical(request, path):
+        return None
     if request.path == path:
         return request.query.get(QUERY_TOKEN) or None
     if request.path.startswith(path + "/"):
@@ -72,14 +81,44 @@ def url_token(request: web.Request, path: str) -> str | None:
     return None
 
 
+def with_url_token(request: web.Request, path: str) -> web.Request:
+    """The request with its URL token (if any, and no header) as its Authorization header."""
+    token = url_token(request, path)
+    if token and "Authorization" not in request.headers:
+        return request.clone(headers={**request.headers, "Authorization": f"Bearer {token}"})
+    return request
+
+
+@functools.lru_cache(maxsize=8)
+def _raw_route(path: str) -> str:
+    """The route as a request line spells it (percent-encoded only where it must be)."""
+    return URL.build(path=path).raw_path
+
+
+def is_canonical(request: web.Request, path: str) -> bool:
+    """False for a request routed to the media-stream `path` (or under it) whose request
+    line spells the route differently: percent-encoded characters that decode to it. The
+    token segment after it may be percent-encoded (a key may need it)."""
+    decoded = request.path
+    if decoded != path and not decoded.startswith(path + "/"):
+        return True  # not this route
+    raw, route = request.rel_url.raw_path, _raw_route(path)
+    return raw == route or raw.startswith(route + "/")
+
+
+def non_canonical_refusal(path: str) -> web.Response:
+    return error_response(ApiError(
+        "non_canonical_path",
+        f"write the media-stream path as {path}, without percent-encoding", status=400))
+
+
 def url_token_middleware(path: str) -> Callable[..., Awaitable[web.StreamResponse]]:
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-        token = url_token(request, path)
-        if token and "Authorization" not in request.headers:
-            request = request.clone(headers={**request.headers,
-                                             "Authorization": f"Bearer {token}"})
-        return await handler(request)
+        if not is_canonical(request, path):
+            # Answered here, before auth; url_token gives such a spelling no key anyway.
+            return non_canonical_refusal(path)
+        return await handler(with_url_token(request, path))
 
     return middleware
 

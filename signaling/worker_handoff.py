@@ -7,8 +7,10 @@ accepting worker a hop per message for the whole call. Instead the accepting wor
 the connection's file descriptor and the request's bytes to the lighter worker over a unix
 datagram socket (SCM_RIGHTS); that worker serves the connection as if it had accepted it
 (auth, limits and all), and the accepting worker lets go of it without a byte written. The
-kernel keeps the connection open while the descriptor is in flight. Only plain connections
-are handed (a TLS session's state cannot follow its descriptor), a request is handed at
+kernel keeps the connection open while the descriptor is in flight. A stream is handed only
+after its credential passed on the accepting worker, and the receiving worker serves it
+through the same guards as a connection it accepted: the per-address gate and the header
+deadline. Only plain connections are handed (a TLS session's state cannot follow its descriptor), a request is handed at
 most once, and a handoff that cannot be sent leaves the stream where it is. (The access log
 of the handing worker shows such a request as 204; the new worker's shows its 101.)
 """
@@ -26,6 +28,7 @@ from pathlib import Path
 
 from aiohttp import web
 
+from . import slow_clients
 from .serving import SERVER_HOOK_KEY
 from .worker_load import WorkerLoads
 from .worker_routing import HANDOFF_KEY, LOADS_KEY, WORKERS_KEY, Handoff
@@ -172,10 +175,14 @@ class HandoffReceiver:
         assert self._server is not None
         connection.setblocking(False)
         try:
+            # Served as if accepted here: the address gate and the header deadline included.
             transport, protocol = await asyncio.get_running_loop().connect_accepted_socket(
-                self._server, connection)
+                slow_clients.guarded_factory(self._server), connection)
         except OSError:
             connection.close()  # the caller hung up meanwhile: it got here, and ended
+            self._loads.received_from(source)
+            return
+        if transport.is_closing():  # refused by the address gate
             self._loads.received_from(source)
             return
         self._adopted[transport] = source

@@ -15,10 +15,12 @@ import logging
 
 import aiohttp
 from aiohttp import WSMsgType, web
+from yarl import URL
 
 from .errors import ApiError
 from .telephony import OVERFLOW_KEY
-from .worker_routing import WORKERS_KEY, forwarded_headers, from_a_worker
+from .worker_channel import forwarded_headers, from_a_worker
+from .worker_routing import WORKERS_KEY
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +40,8 @@ async def relay_media_stream(request: web.Request, max_msg_size: int
         session = aiohttp.ClientSession(connector=connector, timeout=RELAY_TIMEOUT)
         try:
             upstream = await session.ws_connect(
-                f"http://worker{request.path_qs}", headers=_upgrade_headers(request),
+                URL("http://worker" + request.raw_path, encoded=True),
+                headers=_upgrade_headers(request),
                 max_msg_size=max_msg_size, autoping=True)
         except aiohttp.WSServerHandshakeError as exc:
             await session.close()

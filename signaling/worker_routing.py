@@ -8,8 +8,14 @@ unchanged. A new call goes to the least loaded worker: one over HTTP is re-poste
 media-stream websocket is handed there as the connection itself (worker_handoff.py). Views
 of the whole server — `/health`, `/metrics`, `/metrics/calls` — ask every worker and add up
 what they say; `POST /admin/drain` drains every worker. Workers talk over
-the unix sockets in the worker folder; a request that arrives that way is marked and always
-handled where it lands (the mark counts only on that socket).
+the unix sockets in the worker folder (worker_channel.py: the channel's own framing, one
+connection per request, and a signed mark that counts only on that socket); a request that
+arrives that way is handled where it lands.
+
+Nothing is forwarded, fanned out or placed before the credential is checked here (API keys
+are the same on every worker; an ephemeral secret minted by another worker is checked by
+that worker, the one it is forwarded to), and every body read here has the
+`--body-timeout` deadline.
 """
 
 from __future__ import annotations
@@ -17,34 +23,31 @@ from __future__ import annotations
 import asyncio
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import aiohttp
 from aiohttp import web
-from multidict import CIMultiDict
 
 from agent.errors import AgentError
 from agent.media_agent import ON_PLACED
 from agent.worker_tag import ID_TOKEN_CHARS, worker_of
 
-from .auth import SECRET_PREFIX, SECRET_TOKEN_CHARS
+from . import worker_channel, worker_limits
+from .auth import (AUTH_SETTINGS_KEY, SECRET_PREFIX, SECRET_TOKEN_CHARS, authenticate,
+                   bearer_token, is_public)
+from .address_limit import mark_authenticated
 from .cors import with_cors_headers
-from .errors import ApiError, error_response
+from .errors import ApiError, error_response, json_error
 from .keys import AGENT_KEY
 from .realtime import CALLS_PATH
+from .slow_clients import read_body_in_time
 from .supervisor import worker_socket_path
-from .telephony import RTP_PATH, TELEPHONY_KEY
+from .telephony import RTP_PATH, TELEPHONY_KEY, with_url_token
+from .worker_channel import ask, carries_body, forwarded_by, from_a_worker, response_from
 from .worker_load import WorkerLoads
 from .worker_views import merge_calls, merge_health, merge_metrics
 
-FORWARDED_HEADER = "X-Agent-Worker-Forwarded"
-WORKER_TIMEOUT = aiohttp.ClientTimeout(total=60, sock_connect=2)
-# Not relayed either way: the hop's own framing, and what aiohttp sets for itself.
-HOP_HEADERS = frozenset({"connection", "keep-alive", "transfer-encoding", "upgrade",
-                         "proxy-connection", "te", "trailer", "content-encoding", "date",
-                         "server"})
 OWNED_PATHS = (re.compile(rf"^{CALLS_PATH}/([^/]+)(?:/hangup)?$"),
                re.compile(rf"^{RTP_PATH}/([^/]+)$"))
 NEW_CALL_PATHS = frozenset({CALLS_PATH, "/offer"})
@@ -69,6 +72,7 @@ class WorkerGroup:
     index: int
     count: int
     folder: Path
+    secret: bytes = field(repr=False)  # the channel's (worker_channel.py), per server start
 
     def socket_path(self, index: int) -> Path:
         return worker_socket_path(self.folder, index)
@@ -79,7 +83,6 @@ class WorkerGroup:
 
 
 WORKERS_KEY = web.AppKey("workers", WorkerGroup)
-SESSIONS_KEY = web.AppKey("worker_sessions", dict)
 LOADS_KEY = web.AppKey("worker_loads", WorkerLoads)
 
 
@@ -98,60 +101,37 @@ def owner_of(request: web.Request) -> int | None:
     return None
 
 
-def _session(app: web.Application, index: int) -> aiohttp.ClientSession:
-    sessions: dict[int, aiohttp.ClientSession] = app[SESSIONS_KEY]
-    session = sessions.get(index)
-    if session is None or session.closed:
-        connector = aiohttp.UnixConnector(path=str(app[WORKERS_KEY].socket_path(index)))
-        session = aiohttp.ClientSession(connector=connector, timeout=WORKER_TIMEOUT,
-                                        auto_decompress=False)
-        sessions[index] = session
-    return session
+def check_credential(request: web.Request) -> None:
+    """Refuse here (a coded 401/403) what the handling worker would refuse for want of a
+    credential, before anything is forwarded, fanned out, placed or read (a media stream's
+    URL token counts as its credential). An ephemeral secret another worker minted is left
+    to that worker."""
+    config = request.app.get(TELEPHONY_KEY)
+    if config is not None:
+        request = with_url_token(request, config.media_stream_path)
+    if is_public(request) or request.app[AUTH_SETTINGS_KEY].open:
+        return
+    token = bearer_token(request)
+    if (token is not None and token.startswith(SECRET_PREFIX)
+            and worker_of(token, SECRET_TOKEN_CHARS) not in (None, request.app[WORKERS_KEY].index)):
+        return  # checked where it was minted
+    authenticate(request)
+    mark_authenticated(request)
 
 
-def from_a_worker(request: web.Request) -> bool:
-    """Forwarded by another worker: marked so, over this worker's private unix socket. The
-    mark on a request from outside (the public port, a handed connection) means nothing."""
-    if not request.headers.get(FORWARDED_HEADER) or request.transport is None:
-        return False
-    own_socket = str(request.app[WORKERS_KEY].socket_path(request.app[WORKERS_KEY].index))
-    return request.transport.get_extra_info("sockname") == own_socket
-
-
-def forwarded_by(request: web.Request) -> int:
-    """The worker that forwarded this request (-1: not said)."""
-    value = request.headers.get(FORWARDED_HEADER, "")
-    return int(value) if value.isdigit() else -1
-
-
-def forwarded_headers(request: web.Request) -> CIMultiDict[str]:
-    headers = CIMultiDict((name, value) for name, value in request.headers.items()
-                          if name.lower() not in HOP_HEADERS)
-    headers[FORWARDED_HEADER] = str(request.app[WORKERS_KEY].index)  # who forwards it
-    return headers
-
-
-async def ask(request: web.Request, index: int, body: Any = None
-              ) -> tuple[int, CIMultiDict[str], bytes]:
-    """Send `request` (or its `body`) to worker `index`; its status, headers and body."""
-    async with _session(request.app, index).request(
-        request.method, f"http://worker{request.path_qs}", headers=forwarded_headers(request),
-        data=body, allow_redirects=False,
-    ) as response:
-        headers = CIMultiDict((name, value) for name, value in response.headers.items()
-                              if name.lower() not in HOP_HEADERS | {"content-length"})
-        return response.status, headers, await response.read()
+async def read_body(request: web.Request) -> bytes | None:
+    """The body as the client sent it, where the method has one (within --body-timeout)."""
+    return await read_body_in_time(request) if carries_body(request) else None
 
 
 async def forward(request: web.Request, owner: int) -> web.Response:
-    body = request.content.iter_chunked(64 * 1024) if request.body_exists else None
+    body = await read_body(request)
     try:
-        status, headers, payload = await ask(request, owner, body)
+        return response_from(await ask(request, owner, body))
     except (aiohttp.ClientError, OSError, asyncio.TimeoutError):
         # The owner is gone (killed, restarting): so is everything it held.
         raise ApiError("call_not_found", "no such call (its worker is not running)",
                        param="call_id", status=404) from None
-    return web.Response(status=status, headers=headers, body=payload)
 
 
 def is_media_stream(request: web.Request) -> bool:
@@ -190,7 +170,8 @@ def is_new_leg(request: web.Request) -> bool:
                                          or request.path == RTP_PATH)
 
 
-async def offer_to(request: web.Request, index: int, body: bytes) -> web.Response | None:
+async def offer_to(request: web.Request, index: int, body: bytes | None
+                   ) -> web.Response | None:
     """A new call re-posted to worker `index`: its answer, or None where it is full or does
     not answer (it died). Counted against that worker from now until it has received it."""
     loads = request.app[LOADS_KEY]
@@ -204,13 +185,16 @@ async def offer_to(request: web.Request, index: int, body: bytes) -> web.Respons
         return None  # it got there, or died with it (a restarted worker starts its count anew)
     if status == 503 and b'"server_full"' in payload:
         return None
-    return web.Response(status=status, headers=headers, body=payload)
+    return response_from((status, headers, payload))
 
 
 async def place_elsewhere(request: web.Request) -> web.Response:
     """This worker is full: offer the new call to the others in turn, so the server refuses
     only when every worker is (admission counts all workers, not one's share)."""
-    body = await request.read()
+    agent = request.app[AGENT_KEY]
+    if agent.draining or (agent.shared_capacity is not None and agent.shared_capacity.full()):
+        agent.check_capacity()  # no other worker has room either: the coded 503 from here
+    body = await read_body(request)
     for index in request.app[WORKERS_KEY].others():
         answer = await offer_to(request, index, body)
         if answer is not None:
@@ -276,11 +260,28 @@ async def worker_routing_middleware(
         # and here from then on.
         request.app[LOADS_KEY].received_from(forwarded_by(request))
         return await count_until_placed(request, handler)
+    try:
+        return await route(request, handler)
+    except AgentError as exc:  # this middleware sits outside the error middleware (and CORS,
+        # so a relayed answer does not get CORS headers twice): its refusals get them here
+        refusal = with_cors_headers(request, error_response(exc))
+        if exc.code == "body_timeout":
+            refusal.force_close()  # the rest of the body is not worth waiting for
+        return refusal
+    except web.HTTPRequestEntityTooLarge as exc:
+        return with_cors_headers(request, json_error(
+            413, "body_too_large", f"request bodies are limited to {exc.max_size} bytes"))
+
+
+async def route(request: web.Request,
+                handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+                ) -> web.StreamResponse:
     group = request.app[WORKERS_KEY]
     view = VIEWS.get(request.path)
     if view is not None and request.method == "GET":
+        check_credential(request)
         answers = await ask_all(request)
-        # A refusal (auth, a route switched off) is every worker's: pass this one's on.
+        # A refusal (a route switched off) is every worker's: pass this one's on.
         own_status = next(status for index, status, _ in answers if index == group.index)
         if own_status != 200:
             return await handler(request)
@@ -288,42 +289,44 @@ async def worker_routing_middleware(
         # headers as each worker's own would.
         return with_cors_headers(request, view(answers))
     if request.path == "/admin/drain" and request.method == "POST":
-        await asyncio.gather(*(ask(request, i) for i in group.others()),
-                             return_exceptions=True)
-        return await handler(request)
+        check_credential(request)
+        response = await handler(request)  # who may drain is decided here, once
+        if response.status == 202:
+            await asyncio.gather(*(ask(request, i) for i in group.others()),
+                                 return_exceptions=True)
+        return response
     if is_media_stream(request):
+        check_credential(request)
         if await hand_to_lighter(request):
             # aiohttp finds the transport closed and writes nothing of this
             return web.Response(status=204)
         return await count_until_placed(request, handler)
     owner = owner_of(request)
-    try:
-        if owner is None and is_new_leg(request):
-            if not request.app[AGENT_KEY].has_room:
-                return await place_elsewhere(request)
-            # Handed to a lighter worker; None: it filled up meanwhile or did not answer, so
-            # the call stays here.
-            lighter = lighter_than_here(request)
-            placed = (None if lighter is None
-                      else await offer_to(request, lighter, await request.read()))
-            return placed if placed is not None else await count_until_placed(request, handler)
-        if owner is None or owner == group.index or owner >= group.count:
-            return await handler(request)
-        return await forward(request, owner)
-    except AgentError as exc:  # this middleware sits outside the error middleware (and CORS,
-        return error_response(exc)  # so a relayed answer does not get CORS headers twice)
+    if owner is None and is_new_leg(request):
+        check_credential(request)
+        if not request.app[AGENT_KEY].has_room:
+            return await place_elsewhere(request)
+        # Handed to a lighter worker; None: it filled up meanwhile or did not answer, so
+        # the call stays here.
+        lighter = lighter_than_here(request)
+        placed = (None if lighter is None
+                  else await offer_to(request, lighter, await read_body(request)))
+        return placed if placed is not None else await count_until_placed(request, handler)
+    if owner is None or owner == group.index or owner >= group.count:
+        return await handler(request)
+    check_credential(request)
+    return await forward(request, owner)
 
 
-async def _close_sessions(app: web.Application) -> None:
-    for session in list(app[SESSIONS_KEY].values()):
-        await session.close()
+async def _close_loads(app: web.Application) -> None:
     app[LOADS_KEY].close()
 
 
 async def _publish_load(app: web.Application) -> None:
-    """Refresh this worker's count as calls end (no request here says so)."""
+    """Refresh this worker's counts as calls end and secrets expire (no request says so)."""
     while True:
         app[LOADS_KEY].publish()
+        worker_limits.refresh(app)
         await asyncio.sleep(LOAD_REFRESH_S)
 
 
@@ -338,9 +341,10 @@ def install(app: web.Application, group: WorkerGroup) -> None:
     """Route by owner before CORS, auth and limits, which the owner applies (outside the
     CORS middleware, so a relayed answer carries the owner's CORS headers only)."""
     app[WORKERS_KEY] = group
-    app[SESSIONS_KEY] = {}
+    worker_channel.install(app, worker_channel.Channel(group.index, group.folder, group.secret))
+    worker_limits.install(app, group.folder, group.index, group.count)
     app[LOADS_KEY] = WorkerLoads(group.folder, group.index, group.count,
                                  held=lambda: app[AGENT_KEY].legs.held_slots)
     app.middlewares.insert(0, worker_routing_middleware)
     app.cleanup_ctx.append(_load_publisher)
-    app.on_cleanup.append(_close_sessions)
+    app.on_cleanup.append(_close_loads)

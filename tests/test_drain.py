@@ -82,13 +82,18 @@ async def test_idle_server_exits_at_once_on_sigterm_and_second_sigterm_cuts_a_dr
 
 async def test_admin_drain_needs_the_operator_key_and_refuses_new_calls(
         start_agent: AgentFactory) -> None:
-    running = await start_agent(auth=AuthSettings(api_keys=("operator-key",)))
+    running = await start_agent(auth=AuthSettings(api_keys=("tenant-key",),
+                                                  admin_keys=("operator-key",)))
     key = {"Authorization": "Bearer operator-key"}
+    tenant = {"Authorization": "Bearer tenant-key"}
     async with aiohttp.ClientSession() as http:
         async with http.get(running.url + "/health/ready") as response:
             assert response.status == 200
         async with http.post(running.url + "/admin/drain") as response:
             assert response.status == 401
+        async with http.post(running.url + "/admin/drain", headers=tenant) as response:
+            assert response.status == 403  # a tenant's key is not the operator's
+            assert (await response.json())["error"]["code"] == "operator_only"
         async with http.post(running.url + "/v1/realtime/client_secrets",
                              headers=key) as response:
             secret = (await response.json())["value"]
@@ -108,6 +113,17 @@ async def test_admin_drain_needs_the_operator_key_and_refuses_new_calls(
             assert (await response.json())["error"]["code"] == "draining"
         async with http.get(running.url + "/metrics", headers=key) as response:
             assert 'agent_admission_refusals_total{code="draining"} 1.0' in await response.text()
+
+
+async def test_with_keys_but_no_admin_key_only_a_signal_drains(
+        start_agent: AgentFactory) -> None:
+    running = await start_agent(auth=AuthSettings(api_keys=("tenant-key",)))
+    async with aiohttp.ClientSession() as http:
+        async with http.post(running.url + "/admin/drain",
+                             headers={"Authorization": "Bearer tenant-key"}) as response:
+            assert response.status == 403
+            assert "SIGTERM" in (await response.json())["error"]["message"]
+    assert not running.agent.draining
 
 
 async def test_health_ready_fails_while_full_and_recovers(start_agent: AgentFactory) -> None:

@@ -209,6 +209,34 @@ async def test_sigterm_drains_every_worker(workers: Workers) -> None:
     assert await asyncio.wait_for(workers.process.wait(), 15) == 0
 
 
+async def test_max_sessions_is_the_whole_servers_whatever_the_workers(
+        tmp_path: Path) -> None:
+    """`--max-sessions 1` with 2 workers admits one call, not one per worker: two offers sent
+    at once, one through each worker, get one 201 and one 503; after the first call ends, the
+    next is admitted wherever it lands."""
+    async with two_workers(tmp_path / "workers", "--max-sessions", "1") as group:
+        async def offer(worker: int) -> tuple[int, Any]:
+            async with group.via(worker).post(
+                    "http://worker/v1/telephony/rtp",
+                    json={"remote": "127.0.0.1:9", "codec": "PCMU"}) as response:
+                return response.status, await response.json()
+        for _ in range(3):
+            answers = await asyncio.gather(offer(0), offer(1))
+            statuses = sorted(status for status, _ in answers)
+            assert statuses == [201, 503], answers
+            refused = next(body for status, body in answers if status == 503)
+            assert refused["error"]["code"] == "server_full"
+            admitted = next(body for status, body in answers if status == 201)
+            assert (await group.health())["active_calls"] == 1
+            async with group.via(0).delete(
+                    f"http://worker/v1/telephony/rtp/{admitted['call_id']}") as response:
+                assert response.status == 200
+
+            async def freed() -> bool:
+                return (await group.health())["active_calls"] == 0
+            await wait_for_async(freed, 10)
+
+
 def test_the_worker_count_follows_the_plugin() -> None:
     from signaling.__main__ import build_parser, worker_count
     parse = build_parser().parse_args
@@ -221,7 +249,7 @@ def test_the_worker_count_follows_the_plugin() -> None:
 
 
 async def test_a_full_worker_passes_a_new_call_to_one_with_room(tmp_path: Path) -> None:
-    async with two_workers(tmp_path / "workers", "--max-sessions", "2") as group:
+    async with two_workers(tmp_path / "workers", "--echo-max-sessions", "1") as group:
         first = await group.call_on(0)  # worker 0's one slot
         second = await group.call_on(0)  # full there: made on worker 1
         assert (owner(first), owner(second)) == (0, 1)
@@ -328,7 +356,7 @@ async def test_a_media_stream_on_a_full_worker_is_relayed_to_one_with_room(
         tmp_path: Path) -> None:
     import json
     stream = "/v1/telephony/media-stream"
-    async with two_workers(tmp_path / "workers", "--max-sessions", "2") as group:
+    async with two_workers(tmp_path / "workers", "--echo-max-sessions", "1") as group:
         await group.call_on(0)  # worker 0's one slot
         socket = await open_media_stream(group.via(0), 1)
         sid = "MZ1"
@@ -486,7 +514,7 @@ async def test_the_worker_mark_counts_only_on_a_workers_private_socket(
         workers: Workers) -> None:
     """A client that sends the header workers mark forwarded requests with is still routed:
     on one connection to the public port, a leg held by either worker is reached."""
-    from signaling.worker_routing import FORWARDED_HEADER
+    from signaling.worker_channel import FORWARDED_HEADER
 
     call_ids = []
     for worker in (0, 1):  # one leg on each worker (each is the lighter one in turn)

@@ -15,6 +15,7 @@ from .base import (
     Capabilities,
     Plugin,
     PluginError,
+    PluginFlag,
     PluginOptions,
     PluginSession,
     RuntimeConfig,
@@ -56,6 +57,11 @@ class EchoSession(PluginSession):
 class EchoPlugin(Plugin):
     id = "echo"
     runs_per_worker = True
+    flags = (
+        PluginFlag("--echo-max-sessions", "calls one process's echo plugin holds at most, as "
+                   "a model's batch limit would (each worker's own; --max-sessions stays the "
+                   "whole server's; default: --max-sessions)", type=int, metavar="N"),
+    )
 
     def __init__(self, sample_rate: int = 24000, frame_size: int = 1920,
                  max_sessions: int = 0) -> None:
@@ -66,7 +72,8 @@ class EchoPlugin(Plugin):
 
     @classmethod
     def from_options(cls, options: PluginOptions) -> EchoPlugin:
-        return cls(max_sessions=options.max_sessions)
+        own = options.extra.get("echo_max_sessions")
+        return cls(max_sessions=options.max_sessions if own is None else max(0, own))
 
     def capabilities(self) -> Capabilities:
         return self._capabilities
