@@ -20,7 +20,7 @@ from .keys import AGENT_KEY
 
 log = logging.getLogger(__name__)
 
-WEB_DIR = Path(__file__).resolve().parent.parent / "web"
+WEB_DIR: Path = page.web_dir()
 MAX_BODY_BYTES = 256 * 1024
 CLIENT_GONE = 499
 

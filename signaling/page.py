@@ -33,6 +33,15 @@ DEFAULT_PORTS = {"https": 443, "http": 80}
 FLAG = "--token-url-origin"
 
 
+def web_dir() -> Path:
+    """The page's folder: `signaling/web/` inside an installed wheel (pyproject.toml maps the
+    top-level web/ there), else the top-level web/ next to this package (a source checkout or
+    `pip install -e .`)."""
+    package = Path(__file__).resolve().parent
+    packaged = package / "web"
+    return packaged if packaged.is_dir() else package.parent / "web"
+
+
 def _host(hostname: str) -> str:
     """The host as a browser's URL.origin writes it (IPv6 compressed, in brackets)."""
     if ":" in hostname:
