@@ -11,7 +11,7 @@ import logging
 import sys
 from typing import NoReturn
 
-from .errors import AgentError
+from agent.errors import AgentError
 
 EXIT_USAGE = 2
 

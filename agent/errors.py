@@ -2,7 +2,7 @@
 
 `AgentError` is the one root. Transports turn it into what their peer understands in one
 place each: an HTTP JSON error (signaling/app.py), an `error` event on the data channel
-(agent/events.py) or a media-stream message (agent/telephony/media_stream.py).
+(agent/realtime/events.py) or a media-stream message (agent/telephony/media_stream.py).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 A leg holds a plugin slot (its seat at the ticker), a playout buffer, a watchdog, the
 recording, the session events and a teardown that always completes. Transports are small
 subclasses that feed caller audio in (`push_caller_audio`) and take paced agent audio out of
-`playout`: WebRTC (webrtc_leg.py), the media-stream websocket and plain RTP (telephony/).
+`playout`: WebRTC (webrtc/leg.py), the media-stream websocket and plain RTP (telephony/).
 
 Follow one frame: the transport's decoded caller audio → `FrameAssembler` (resample to the
 plugin's rate) → `PluginSlot.push` → the ticker's batched `plugin.step` → `on_output` →
@@ -22,20 +22,20 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
-from .call_settings import CallSettings
-from .errors import AgentError
-from .events import error_event, error_event_from
-from .framing import FrameAssembler
-from .pacer import Pacer
-from .playout import PlayoutBuffer
-from .plugins.base import Plugin, PluginError, RuntimeConfig, SessionConfig, StepOutput
-from .recording import CallRecorder, recorder_for, take_record_option
-from .task_owner import TaskOwner
-from .ticker import PluginSlot, Ticker
-from .watchdog import MAX_CALL_SECONDS, Watchdog
+from agent.call_settings import CallSettings
+from agent.errors import AgentError
+from agent.realtime.events import error_event, error_event_from
+from agent.audio.framing import FrameAssembler
+from agent.audio.pacer import Pacer
+from agent.audio.playout import PlayoutBuffer
+from agent.plugins.base import Plugin, PluginError, RuntimeConfig, SessionConfig, StepOutput
+from agent.recording import CallRecorder, recorder_for, take_record_option
+from agent.task_owner import TaskOwner
+from agent.ticker import PluginSlot, Ticker
+from agent.watchdog import MAX_CALL_SECONDS, Watchdog
 
 if TYPE_CHECKING:
-    from .leg_registry import LegRegistry
+    from agent.leg_registry import LegRegistry
 
 log = logging.getLogger(__name__)
 

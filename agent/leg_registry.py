@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .leg import Leg
+    from agent.leg import Leg
 
 TRANSPORTS = ("webrtc", "media-stream", "rtp")
 

@@ -13,19 +13,19 @@ from typing import Any, NoReturn, Protocol
 import aiortc
 from aiortc import RTCConfiguration, RTCIceServer, RTCPeerConnection
 
-from .call_settings import CallSettings
-from .encoding import OPUS_COMPLEXITY
-from .errors import CallError
-from .leg import Leg, media_counts, prepare_config
-from .leg_registry import LegRegistry
-from .plugins.base import Plugin, PluginError, SessionConfig
-from .rtc_tuning import AUDIO_CODECS, accept_rsa_dtls_peers, missing_internals
-from .rtc_tuning.sctp_limit import limit_data_channel_messages
-from .sdp import check_offer_sdp
-from .metrics import AgentMetrics
-from .telephony.send_clock import SendClock
-from .ticker import Ticker
-from .webrtc_leg import WebRtcLeg, new_call_id
+from agent.call_settings import CallSettings
+from agent.webrtc.encoding import OPUS_COMPLEXITY
+from agent.errors import CallError
+from agent.leg import Leg, media_counts, prepare_config
+from agent.leg_registry import LegRegistry
+from agent.plugins.base import Plugin, PluginError, SessionConfig
+from agent.rtc_tuning import AUDIO_CODECS, accept_rsa_dtls_peers, missing_internals
+from agent.rtc_tuning.sctp_limit import limit_data_channel_messages
+from agent.webrtc.sdp import check_offer_sdp
+from agent.metrics import AgentMetrics
+from agent.telephony.send_clock import SendClock
+from agent.ticker import Ticker
+from agent.webrtc.leg import WebRtcLeg, new_call_id
 
 # Whoever counted a new leg as on its way (a server of several workers) is told here once it
 # holds a slot, and stops counting it then: it is counted as held from then on.
@@ -37,7 +37,7 @@ log = logging.getLogger(__name__)
 
 class SharedCapacity(Protocol):
     """The whole server's call limit, where several worker processes share it (each holds
-    its own legs; signaling/worker_limits.py counts them together)."""
+    its own legs; signaling/workers/limits.py counts them together)."""
 
     def claim(self, held_here: int) -> bool:
         """This process would hold `held_here` slots: True (and counted) when the server as
@@ -128,12 +128,12 @@ class MediaAgent:
         )
 
     @property
-    def calls(self) -> dict[str, WebRtcLeg]:
+    def webrtc_legs(self) -> dict[str, WebRtcLeg]:
         """The live WebRTC legs (a view of `legs`)."""
         return self.legs.of_transport("webrtc")  # type: ignore[return-value]
 
     @property
-    def sessions(self) -> dict[str, Leg]:
+    def telephony_legs(self) -> dict[str, Leg]:
         """The live telephony legs (a view of `legs`)."""
         return {leg.id: leg for leg in self.legs if leg.transport != "webrtc"}
 

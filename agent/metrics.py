@@ -22,10 +22,10 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-from .leg import media_counts
+from agent.leg import media_counts
 
 if TYPE_CHECKING:
-    from .media_agent import MediaAgent
+    from agent.media_agent import MediaAgent
 
 # 80 ms frames: buckets from well under a frame to several frames.
 STEP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.12, 0.2, 0.5)

@@ -22,9 +22,9 @@ from typing import Any
 import av
 import numpy as np
 
-from .cli_errors import CliError, exit_with_error
-from .plugins.base import PluginError, PluginOptions, SessionConfig
-from .plugins.registry import load_plugin
+from agent.cli_errors import CliError, exit_with_error
+from agent.plugins.base import PluginError, PluginOptions, SessionConfig
+from agent.plugins.registry import load_plugin
 
 
 def read_audio(path: str | Path, sample_rate: int) -> np.ndarray:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from .testing.peer import main
+from agent.testing.peer import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -38,9 +38,9 @@ from typing import IO, Any
 import av
 import numpy as np
 
-from .call_settings import RecordLimits
-from .errors import AgentError
-from .plugins.base import SessionConfig
+from agent.call_settings import RecordLimits
+from agent.errors import AgentError
+from agent.plugins.base import SessionConfig
 
 log = logging.getLogger(__name__)
 

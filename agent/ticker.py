@@ -22,10 +22,10 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from .clock import Clock, MonotonicClock
-from .sample_fifo import SampleFifo
-from .standing_backlog import StandingBacklog
-from .plugins.base import Plugin, PluginError, PluginSession, RuntimeConfig, StepOutput
+from agent.audio.clock import Clock, MonotonicClock
+from agent.audio.sample_fifo import SampleFifo
+from agent.audio.standing_backlog import StandingBacklog
+from agent.plugins.base import Plugin, PluginError, PluginSession, RuntimeConfig, StepOutput
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +40,7 @@ TRIM_HOLD_TICKS = 125
 
 
 @dataclass
-class SessionCounters:
+class SlotCounters:
     chunks_in: int = 0
     frames_stepped: int = 0
     silence_filled: int = 0  # ticks fed pure silence (caller sent nothing)
@@ -92,7 +92,7 @@ class PluginSlot:
         )
         self.on_output = on_output
         self.on_error = on_error
-        self.counters = SessionCounters()
+        self.counters = SlotCounters()
         self.tap: TickTap | None = None
         self.closed = False
         self._flowing = False  # the last tick's frame was all caller audio

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import time
 
-from .call_settings import CallSettings
+from agent.call_settings import CallSettings
 
 CONNECT_TIMEOUT = "connect_timeout"
 IDLE_TIMEOUT = "idle_timeout"

@@ -158,7 +158,7 @@ async def main() -> int:
                           f"{result.first_audio_ms:.0f} ms, echo {result.echo_ms:.0f} ms "
                           f"(r={result.correlation:.2f})", flush=True)
                     for _ in range(100):  # the next call starts on an idle agent
-                        if not agent.calls:
+                        if not agent.webrtc_legs:
                             break
                         await asyncio.sleep(0.05)
         finally:

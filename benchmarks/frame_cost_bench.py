@@ -23,10 +23,10 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
 from agent.testing.clock import FakeClock
-from agent.framing import FrameAssembler
-from agent.outbound import float_to_s16
-from agent.pacer import Pacer
-from agent.playout import PlayoutBuffer
+from agent.audio.framing import FrameAssembler
+from agent.webrtc.outbound import float_to_s16
+from agent.audio.pacer import Pacer
+from agent.audio.playout import PlayoutBuffer
 from agent.plugins.base import RuntimeConfig
 from agent.plugins.echo import EchoPlugin
 from agent.testing.testsignal import make_test_signal

@@ -21,7 +21,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run as a script from anywhere
 
-from agent.encoding import OPUS_COMPLEXITY, PTIME  # noqa: E402
+from agent.webrtc.encoding import OPUS_COMPLEXITY, PTIME  # noqa: E402
 from agent.testing.opus_quality import (  # noqa: E402
     decode_opus_at_24k, encode_opus, read_wav_at, snr_db,
 )

@@ -57,7 +57,7 @@ async def measure(plugin: Plugin, calls: int, seconds: float) -> dict[str, Any]:
             await asyncio.sleep(seconds - 0.5)
             stats = await plugin_stats(url)
             report, _, _ = await call
-            while agent.calls:  # a moshi server holds one call: wait until it is freed
+            while agent.webrtc_legs:  # a moshi server holds one call: wait until it is freed
                 await asyncio.sleep(0.1)
             if not report.ok or report.delay_ms is None:
                 raise SystemExit(f"call failed: {report.error}")

@@ -161,7 +161,7 @@ async def upgrade_flood(port: int, count: int, worker_pids: list[int]) -> tuple[
 
 def signature_cost(rounds: int = 20000) -> float:
     """Microseconds to sign one forwarded request and verify it (the same HMAC twice)."""
-    from signaling.worker_channel import Channel
+    from signaling.workers.channel import Channel
     channel = Channel(0, Path("/nonexistent"), os.urandom(32))
     path = "/v1/telephony/rtp/rtp_1" + "x" * (ID_TOKEN_CHARS - 1)
     started = time.perf_counter()

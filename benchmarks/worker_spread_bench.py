@@ -9,7 +9,7 @@ burst; WebRTC callers are staggered 0.15 s apart, like arrivals), reads `/health
 call is live and prints the calls each worker holds. Which worker accepts a connection is the
 kernel's (and asyncio's) choice; a worker holding more calls than another then hands a new
 call there: one over HTTP (RTP legs, WebRTC offers) is re-posted, a media-stream websocket is
-handed as the connection itself (signaling/worker_load.py, signaling/worker_handoff.py).
+handed as the connection itself (signaling/workers/load.py, signaling/workers/handoff.py).
 Prints a markdown table.
 """
 

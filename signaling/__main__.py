@@ -16,25 +16,28 @@ from pathlib import Path
 from aiohttp import web
 from aiohttp.web_runner import GracefulExit
 
-from agent import json_log, worker_tag
+from agent import worker_tag
+
+from agent.logs import json_log
 from agent.cli_errors import exit_with_error
 from agent.media_agent import AgentSettings, MediaAgent
 from agent.rtc_tuning import AUDIO_CODECS
 from agent.call_settings import CallSettings
-from agent.encoding import OPUS_COMPLEXITY, OPUS_COMPLEXITY_RANGE
+from agent.webrtc.encoding import OPUS_COMPLEXITY, OPUS_COMPLEXITY_RANGE
 from agent.errors import AgentError
 from agent.plugins.base import PluginOptions
 from agent.plugins.registry import available_plugins, load_plugin, plugin_class
-from agent.redact import RedactingFilter
+from agent.logs.redact import RedactingFilter
 from agent.rtc_tuning import limit_host_addresses, parse_codec_list
 
-from . import (address_limit, auth, bad_requests, cors, drain, gc_tuning, ice, page, slow_clients,
-               telephony, worker_channel)
-from .plugin_flags import PluginFlagsParser, plugin_extra
-from .app import create_app
-from .serving import Listeners, serve
-from .supervisor import exit_for_listen_error, run_supervisor
-from .worker_routing import WorkerGroup
+from signaling import address_limit, auth, bad_requests, cors, drain, gc_tuning, ice, page, slow_clients, telephony
+
+from signaling.workers import channel
+from signaling.plugin_flags import PluginFlagsParser, plugin_extra
+from signaling.app import create_app
+from signaling.serving import Listeners, serve
+from signaling.workers.supervisor import exit_for_listen_error, run_supervisor
+from signaling.workers.routing import WorkerGroup
 
 log = logging.getLogger("signaling")
 
@@ -200,7 +203,7 @@ def settings_from_args(args: argparse.Namespace, workers: int = 1) -> AgentSetti
         codecs=tuple(args.codecs),
         opus_complexity=args.opus_complexity,
         # Every worker may hold up to the limit; with several, they count their calls
-        # together (worker_limits.py), so the server as a whole admits --max-sessions.
+        # together (workers/limits.py), so the server as a whole admits --max-sessions.
         max_calls=total_calls,
         call=CallSettings(
             idle_timeout=args.idle_timeout,
@@ -288,7 +291,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         worker_tag.set_worker(args.worker_index)
         try:
             group = WorkerGroup(args.worker_index, workers, Path(args.worker_dir),
-                                os.environ.pop(worker_channel.SECRET_ENV).encode())
+                                os.environ.pop(channel.SECRET_ENV).encode())
         except KeyError:
             exit_with_error("not_a_worker", "--worker-index is set by the supervisor "
                             "(--workers N), not by hand")

@@ -8,15 +8,16 @@ from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
-from agent.log_safe import printable
+from agent.logs.log_safe import printable
 from agent.media_agent import MediaAgent
 from agent.errors import AgentError
 
-from . import (drain, health, metrics, offer, page, realtime, realtime_api, slow_clients,
-               telephony, worker_handoff, worker_relay, worker_routing)
-from .auth import AuthSettings
-from .errors import error_response, json_error
-from .keys import AGENT_KEY
+from signaling import api, calls, drain, health, metrics, offer, page, slow_clients, telephony
+
+from signaling.workers import handoff, relay, routing
+from signaling.auth import AuthSettings
+from signaling.errors import error_response, json_error
+from signaling.keys import AGENT_KEY
 
 log = logging.getLogger(__name__)
 
@@ -65,15 +66,15 @@ def create_app(
     drain_seconds: float = drain.DEFAULT_DRAIN_SECONDS,
     metrics_enabled: bool = True,
     voice_upload_bytes: int = 0,
-    workers: worker_routing.WorkerGroup | None = None,
+    workers: routing.WorkerGroup | None = None,
     token_url_origins: tuple[str, ...] = (),
 ) -> web.Application:
     app = web.Application(middlewares=[error_middleware, slow_clients.body_timeout_middleware],
                           client_max_size=max_body_bytes)
     app[AGENT_KEY] = agent
-    app[realtime.VOICE_UPLOAD_BYTES_KEY] = max(0, voice_upload_bytes)
+    app[calls.VOICE_UPLOAD_BYTES_KEY] = max(0, voice_upload_bytes)
     slow_clients.setup(app, body_timeout)
-    realtime_api.install(app, auth_settings=auth, cors_origins=cors_origins)
+    api.install(app, auth_settings=auth, cors_origins=cors_origins)
     offer.add_routes(app)
     health.add_routes(app)
     if metrics_enabled:
@@ -95,7 +96,7 @@ def create_app(
     app.on_startup.append(on_startup)
     app.on_shutdown.append(on_shutdown)
     if workers is not None and workers.count > 1:
-        worker_routing.install(app, workers)
-        worker_relay.install(app)
-        worker_handoff.install(app)
+        routing.install(app, workers)
+        relay.install(app)
+        handoff.install(app)
     return app

@@ -41,12 +41,12 @@ from typing import Any, Protocol
 from aiohttp import web
 
 from agent.plugins.base import SessionConfig
-from agent.realtime_session import session_config_from_realtime
+from agent.realtime.session_config import session_config_from_realtime
 from agent.worker_tag import tagged_token, token_chars
 
-from .address_limit import mark_authenticated
-from .errors import ApiError, error_response, read_json_object
-from .keys import AGENT_KEY
+from signaling.address_limit import mark_authenticated
+from signaling.errors import ApiError, error_response, read_json_object
+from signaling.keys import AGENT_KEY
 
 API_KEY_ENV = "AGENT_API_KEY"
 SECRET_PREFIX = "ek_"

@@ -14,7 +14,7 @@ import logging
 
 from aiohttp.http_exceptions import HttpProcessingError
 
-from agent.log_safe import LogThrottle, held_back_note, printable
+from agent.logs.log_safe import LogThrottle, held_back_note, printable
 
 SERVER_LOGGER = "aiohttp.server"
 

@@ -21,7 +21,7 @@ from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
-from .errors import json_error
+from signaling.errors import json_error
 
 ALLOW_HEADERS = "Authorization, Content-Type, If-Match"
 EXPOSE_HEADERS = "Location, ETag, Link, Retry-After, Accept-Post"

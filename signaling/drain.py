@@ -25,9 +25,9 @@ from aiohttp import web
 
 from agent.media_agent import MediaAgent
 
-from .auth import AUTH_SETTINGS_KEY, principal_of
-from .errors import ApiError
-from .keys import AGENT_KEY
+from signaling.auth import AUTH_SETTINGS_KEY, principal_of
+from signaling.errors import ApiError
+from signaling.keys import AGENT_KEY
 
 log = logging.getLogger(__name__)
 

@@ -6,7 +6,7 @@ from typing import Any
 
 from aiohttp import web
 
-from agent import client_json
+from agent.realtime import client_json
 from agent.errors import AgentError
 
 

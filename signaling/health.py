@@ -6,9 +6,9 @@ import os
 
 from aiohttp import web
 
-from .auth import principal_of
-from .keys import AGENT_KEY
-from .realtime import RESOURCES_KEY
+from signaling.auth import principal_of
+from signaling.keys import AGENT_KEY
+from signaling.calls import RESOURCES_KEY
 
 
 async def get_health(request: web.Request) -> web.Response:

@@ -16,7 +16,7 @@ from aiohttp import web
 from aiortc import RTCIceServer
 from aiortc.rtcicetransport import parse_stun_turn_uri
 
-from .keys import AGENT_KEY
+from signaling.keys import AGENT_KEY
 
 ICE_SCHEMES = ("stun:", "stuns:", "turn:", "turns:")
 

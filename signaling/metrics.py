@@ -17,7 +17,7 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, Histogram, generate_latest
 
-from .keys import AGENT_KEY
+from signaling.keys import AGENT_KEY
 
 LOOP_LAG_INTERVAL = 0.5
 

@@ -7,8 +7,8 @@ from typing import Any
 
 from aiohttp import web
 
-from .errors import json_error
-from .keys import AGENT_KEY
+from signaling.errors import json_error
+from signaling.keys import AGENT_KEY
 
 STARTED_AT_KEY = web.AppKey("started_at", int)
 

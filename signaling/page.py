@@ -23,7 +23,7 @@ from aiohttp import web
 
 from agent.cli_errors import exit_with_error
 
-from .errors import json_error
+from signaling.errors import json_error
 
 ORIGINS_KEY = web.AppKey("token_url_origins", tuple)
 PAGE_PATH_KEY = web.AppKey("page_path", Path)

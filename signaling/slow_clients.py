@@ -27,8 +27,8 @@ from aiohttp.web_protocol import RequestHandler
 
 from agent.errors import AgentError
 
-from .address_limit import gated_protocol_factory, new_gate
-from .errors import json_error
+from signaling.address_limit import gated_protocol_factory, new_gate
+from signaling.errors import json_error
 
 log = logging.getLogger(__name__)
 

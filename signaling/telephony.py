@@ -31,16 +31,16 @@ from yarl import URL
 from agent.media_agent import ON_PLACED
 from agent.plugins.base import SessionConfig
 from agent.telephony.address_policy import DEFAULT_RTP_ALLOW, parse_networks
-from agent.telephony.media_stream import MediaStreamSession
+from agent.telephony.media_stream import MediaStreamLeg
 from agent.telephony.rtp_leg import (
     RtpLeg, RtpSettings, check_remote, codec_from_request, dtmf_payload_type_from_request,
     open_rtp_leg, parse_host_port,
 )
 
-from .auth import principal_of
-from .errors import ApiError, error_response, read_json_object
-from .keys import AGENT_KEY
-from .realtime import RESOURCES_KEY
+from signaling.auth import principal_of
+from signaling.errors import ApiError, error_response, read_json_object
+from signaling.keys import AGENT_KEY
+from signaling.calls import RESOURCES_KEY
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +58,7 @@ class TelephonyConfig:
 
 TELEPHONY_KEY = web.AppKey("telephony", TelephonyConfig)
 # Set where several workers serve: carries a websocket this full worker cannot take to one
-# that can (signaling/worker_relay.py); None when all are full.
+# that can (signaling/workers/relay.py); None when all are full.
 Overflow = Callable[[web.Request, int], Awaitable["web.WebSocketResponse | None"]]
 OVERFLOW_KEY = web.AppKey("media_stream_overflow", Overflow)
 
@@ -146,7 +146,7 @@ async def media_stream(request: web.Request) -> web.StreamResponse:
             return relayed
     with agent.admit():  # a full server answers 503 before the upgrade
         await socket.prepare(request)
-        session = MediaStreamSession(agent, socket.send_str, close_socket)
+        session = MediaStreamLeg(agent, socket.send_str, close_socket)
     request.app[RESOURCES_KEY].add(session.id, principal_of(request))
     log.info("media stream %s open from %s", session.id, request.remote)
     try:

@@ -33,4 +33,4 @@ async def wait_until(predicate: Callable[[], bool], timeout: float = 10.0) -> No
 
 
 def all_freed(running: RunningAgent) -> bool:
-    return not running.agent.calls and not running.agent.ticker.slots
+    return not running.agent.webrtc_legs and not running.agent.ticker.slots

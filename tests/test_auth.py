@@ -188,7 +188,7 @@ async def test_calls_belong_to_their_credential(start_agent: AgentFactory) -> No
             async with http.post(running.url + location + "/hangup",
                                  headers=bearer(token)) as response:
                 assert response.status == 404
-        assert len(running.agent.calls) == 3
+        assert len(running.agent.webrtc_legs) == 3
         # The key that minted a secret manages the secret's call; the secret manages its own.
         for token, location in [(KEY, by_first), (second, by_second), (KEY, by_key)]:
             async with http.get(running.url + location, headers=bearer(token)) as response:

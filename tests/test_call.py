@@ -91,8 +91,8 @@ async def test_a_vanished_caller_is_ended_by_the_idle_timeout(start_agent: Agent
             answer = await response.json()
     await pc.setRemoteDescription(RTCSessionDescription(answer["sdp"], "answer"))
     await asyncio.wait_for(connected.wait(), 10)
-    await wait_until(lambda: bool(running.agent.calls))
-    call = next(iter(running.agent.calls.values()))
+    await wait_until(lambda: bool(running.agent.webrtc_legs))
+    call = next(iter(running.agent.webrtc_legs.values()))
     await wait_until(lambda: call.watchdog.last_inbound_at is not None)
     # The caller's media stops without a goodbye: the transport stays up, no audio arrives.
     source.stop()

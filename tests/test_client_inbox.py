@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import asyncio
 
-from agent.client_inbox import ClientEventInbox, RawEvent
+from agent.realtime.client_inbox import ClientEventInbox, RawEvent
 from agent.testing.clock import FakeClock
 
 

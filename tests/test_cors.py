@@ -24,7 +24,7 @@ async def _post_leg(http: aiohttp.ClientSession, running: RunningAgent,
 
 
 async def _end_all(running: RunningAgent) -> None:
-    for session in list(running.agent.sessions.values()):
+    for session in list(running.agent.telephony_legs.values()):
         await session.close("hangup")
 
 
@@ -50,7 +50,7 @@ async def test_open_server_grants_and_obeys_no_foreign_origin(start_agent: Agent
                 "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ==",
                 "Sec-WebSocket-Version": "13"}) as response:
             assert response.status == 403  # browsers do not apply CORS to websockets
-        assert not running.agent.sessions and all_freed(running)
+        assert not running.agent.telephony_legs and all_freed(running)
         # The agent's own page, and clients that are not browsers, still work.
         status, body, _ = await _post_leg(http, running, own_origin)
         assert status == 201, body

@@ -132,12 +132,12 @@ async def test_health_ready_fails_while_full_and_recovers(start_agent: AgentFact
         async with http.get(running.url + "/health/ready") as response:
             assert response.status == 200
         call = asyncio.ensure_future(run_call(running.url, seconds=2.0))
-        await wait_until(lambda: bool(running.agent.calls), 20)
+        await wait_until(lambda: bool(running.agent.webrtc_legs), 20)
         async with http.get(running.url + "/health/ready") as response:
             assert response.status == 503
             assert (await response.json())["reasons"] == ["full"]
         assert (await call)[0].ok
-        await wait_until(lambda: not running.agent.calls, 20)
+        await wait_until(lambda: not running.agent.webrtc_legs, 20)
         async with http.get(running.url + "/health/ready") as response:
             assert response.status == 200
 
@@ -153,7 +153,7 @@ async def test_drain_deadline_stops_a_telephony_leg_cleanly(start_agent: AgentFa
             async with http.post(running.url + "/v1/telephony/rtp",
                                  json={"remote": remote}) as response:
                 assert response.status == 201, await response.text()
-            leg = next(iter(running.agent.sessions.values()))
+            leg = next(iter(running.agent.telephony_legs.values()))
             async with http.post(running.url + "/admin/drain") as response:
                 assert response.status == 202
                 assert (await response.json())["active_calls"] == 1
@@ -161,7 +161,7 @@ async def test_drain_deadline_stops_a_telephony_leg_cleanly(start_agent: AgentFa
                                  json={"remote": remote}) as response:
                 assert response.status == 503
                 assert (await response.json())["error"]["code"] == "draining"
-        await wait_until(lambda: not running.agent.sessions, 20)
+        await wait_until(lambda: not running.agent.telephony_legs, 20)
         assert leg.end_reason == "server_draining"
         controller = running.server.app[DRAIN_KEY]
         await asyncio.wait_for(controller.done.wait(), 20)

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from agent.encoding import InlineAudioEncoder
+from agent.webrtc.encoding import InlineAudioEncoder
 from agent.media_agent import AgentSettings
 from agent.testing.opus_quality import decode_opus_at_24k, encode_opus, read_wav_at, snr_db
 from signaling.__main__ import build_parser, settings_from_args

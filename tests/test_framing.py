@@ -4,7 +4,7 @@ import av
 import numpy as np
 import pytest
 
-from agent.framing import FrameAssembler
+from agent.audio.framing import FrameAssembler
 
 LAYOUTS = {1: "mono", 2: "stereo"}
 

@@ -25,7 +25,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from agent.errors import AgentError
-from agent.events import parse_client_event
+from agent.realtime.events import parse_client_event
 from agent.media_agent import AgentSettings, MediaAgent
 from agent.plugins.echo import EchoPlugin
 from agent.telephony.media_stream import parse_message

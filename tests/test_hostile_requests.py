@@ -269,7 +269,7 @@ async def test_hostile_data_channel_events(start_agent: AgentFactory,
                                     "session": {"instructions": "still here"}})
     updated = await client.wait_event("session.updated", after=mark)
     assert updated["session"]["instructions"] == "still here"
-    assert client.call_id in running.agent.calls
+    assert client.call_id in running.agent.webrtc_legs
     await client.close()
     await wait_until(lambda: all_freed(running))
     await good_call_works(running, realtime_clients)
@@ -306,7 +306,7 @@ async def test_data_channel_flood_is_rate_limited(start_agent: AgentFactory,
     assert {error["code"] for error in errors} == {"rate_limited"}
     assert len(errors) <= 1 + elapsed  # refusals are reported at most once a second
     # Every event was either handled (its `cleared` reached the client) or refused.
-    call = running.agent.calls[flooder.call_id]
+    call = running.agent.webrtc_legs[flooder.call_id]
     await wait_until(lambda: call.realtime.inbox.refused + sum(
         e["type"] == "output_audio_buffer.cleared" for e in flooder.events[mark:]) == 500)
     # The flooder's call goes on and takes events again once the burst is refilled.

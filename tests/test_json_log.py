@@ -6,8 +6,8 @@ import asyncio
 import json
 import logging
 
-from agent.webrtc_leg import new_call_id
-from agent.json_log import JsonFormatter
+from agent.webrtc.leg import new_call_id
+from agent.logs.json_log import JsonFormatter
 from agent.testing.peer import run_call
 from agent.task_owner import TaskOwner
 

@@ -54,7 +54,7 @@ async def test_full_server_refuses_with_retry_after_while_calls_keep_real_time(
                 assert response.status == 503
                 assert int(response.headers["Retry-After"]) > 0
                 assert (await response.json())["error"]["code"] == "server_full"
-        assert len(running.agent.calls) == 2
+        assert len(running.agent.webrtc_legs) == 2
         await asyncio.sleep(2.0)
         window = time.monotonic() - window_start
         for client, start in zip(admitted, before):
@@ -69,7 +69,7 @@ async def test_full_server_refuses_with_retry_after_while_calls_keep_real_time(
         hung_up_at = time.monotonic()
         async with http.delete(running.url + admitted[0].location, headers=auth) as response:
             assert response.status == 200
-        await wait_until(lambda: len(running.agent.calls) < 2, timeout=5)
+        await wait_until(lambda: len(running.agent.webrtc_legs) < 2, timeout=5)
         freed_ms = (time.monotonic() - hung_up_at) * 1000
         print(f"slot freed {freed_ms:.0f} ms after DELETE was sent")
         newcomer = RealtimeClient(running.url, token=secret)
@@ -123,7 +123,7 @@ async def test_caller_closing_its_peer_frees_the_slot(
     await client.close()  # a browser tab closing: DTLS close, no HTTP request
     await wait_until(lambda: all_freed(running), timeout=10)
     print(f"slot freed {(time.monotonic() - closed_at) * 1000:.0f} ms after the caller closed")
-    assert running.agent.calls == {}
+    assert running.agent.webrtc_legs == {}
 
 
 async def test_caller_whose_audio_stops_is_ended_by_the_idle_timeout(
@@ -132,7 +132,7 @@ async def test_caller_whose_audio_stops_is_ended_by_the_idle_timeout(
     running, client = await one_call(start_agent, realtime_clients,
                                      CallSettings(idle_timeout=1.0))
     await client.wait_audio(0.3)
-    call = running.agent.calls[client.call_id]
+    call = running.agent.webrtc_legs[client.call_id]
     # A vanished caller: its connection stays up but no more audio arrives.
     sender = next(s for s in client.pc.getSenders() if s.track is not None)
     sender.replaceTrack(None)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from agent.log_safe import LogThrottle, held_back_note
+from agent.logs.log_safe import LogThrottle, held_back_note
 from agent.testing.clock import FakeClock
 
 

@@ -9,10 +9,10 @@ import aiohttp
 import pytest
 from aiortc import RTCPeerConnection, RTCSessionDescription
 
-from agent import client_json
-from agent.events import parse_client_event
+from agent.realtime import client_json
+from agent.realtime.events import parse_client_event
 from agent.errors import AgentError
-from agent.sdp import with_explicit_directions
+from agent.webrtc.sdp import with_explicit_directions
 from agent.telephony.media_stream import ProtocolError, parse_message
 from support import RunningAgent, all_freed, wait_until
 
@@ -36,7 +36,7 @@ async def test_json_routes_take_only_application_json(echo_agent: RunningAgent,
                 body = await response.json()
                 assert response.status == 415, (kwargs, body)
                 assert body["error"]["code"] == "unsupported_media_type"
-    assert not echo_agent.agent.sessions and all_freed(echo_agent)
+    assert not echo_agent.agent.telephony_legs and all_freed(echo_agent)
 
 
 @pytest.mark.parametrize("path", JSON_ROUTES)

@@ -41,7 +41,7 @@ async def test_counters_move_during_a_real_call(echo_agent: RunningAgent) -> Non
     assert value(before, "agent_calls_started_total", transport="webrtc", plugin="echo") == 0
 
     call = asyncio.ensure_future(run_call(echo_agent.url, seconds=4.0))
-    await wait_until(lambda: any(c.connected_at for c in echo_agent.agent.calls.values()), 20)
+    await wait_until(lambda: any(c.connected_at for c in echo_agent.agent.webrtc_legs.values()), 20)
     await asyncio.sleep(1.5)
     during = await scrape(echo_agent.url)
     assert value(during, "agent_active_calls", transport="webrtc", plugin="echo") == 1
@@ -70,7 +70,7 @@ async def test_counters_move_during_a_real_call(echo_agent: RunningAgent) -> Non
 async def test_refusals_are_counted_by_code(start_agent: AgentFactory) -> None:
     running = await start_agent(settings=AgentSettings(max_calls=1))
     call = asyncio.ensure_future(run_call(running.url, seconds=3.0))
-    await wait_until(lambda: bool(running.agent.calls), 20)
+    await wait_until(lambda: bool(running.agent.webrtc_legs), 20)
     refused, _, _ = await run_call(running.url, seconds=1.0)
     assert not refused.ok and "server_full" in (refused.error or "")
     samples = await scrape(running.url)
@@ -134,7 +134,7 @@ async def test_an_rtp_leg_is_counted_under_its_transport(echo_agent: RunningAgen
         assert value(during, "agent_outbound_bytes_total", transport="rtp") > 5 * 160
         async with http.delete(f"{echo_agent.url}/v1/telephony/rtp/{body['call_id']}"):
             pass
-    await wait_until(lambda: not echo_agent.agent.sessions)
+    await wait_until(lambda: not echo_agent.agent.telephony_legs)
     after = await scrape(echo_agent.url)
     assert value(after, "agent_active_calls", transport="rtp", plugin="echo") == 0
     assert value(after, "agent_calls_ended_total", transport="rtp", reason="hangup") == 1
@@ -171,9 +171,9 @@ async def test_garbage_collector_pauses_are_timed_by_generation(echo_agent: Runn
 async def test_outbound_bytes_are_counted_when_aiortc_encodes(start_agent: AgentFactory) -> None:
     running = await start_agent(settings=AgentSettings(inline_encoding=False))
     call = asyncio.ensure_future(run_call(running.url, seconds=3.0))
-    await wait_until(lambda: any(c.connected_at for c in running.agent.calls.values()), 20)
+    await wait_until(lambda: any(c.connected_at for c in running.agent.webrtc_legs.values()), 20)
     await asyncio.sleep(1.0)
-    leg = next(iter(running.agent.calls.values()))
+    leg = next(iter(running.agent.webrtc_legs.values()))
     assert not leg.track.encodes_inline
     during = await scrape(running.url)
     assert value(during, "agent_outbound_bytes_total", transport="webrtc") > 100

@@ -5,9 +5,9 @@ from aiortc.codecs.g711 import PcmuEncoder
 from aiortc.codecs.opus import OpusEncoder
 
 from agent.testing.clock import FakeClock
-from agent.outbound import AgentAudioTrack
-from agent.pacer import Pacer
-from agent.playout import PlayoutBuffer
+from agent.webrtc.outbound import AgentAudioTrack
+from agent.audio.pacer import Pacer
+from agent.audio.playout import PlayoutBuffer
 
 
 async def test_an_hour_of_pacing_has_no_drift() -> None:

@@ -7,7 +7,7 @@ import av
 import numpy as np
 import pytest
 
-from agent.polyphase import PolyphaseResampler, supported
+from agent.audio.polyphase import PolyphaseResampler, supported
 
 PAIRS = [(8000, 24000), (24000, 8000), (16000, 24000), (24000, 16000), (48000, 24000)]
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 
 from agent.testing.clock import FakeClock
-from agent.rate_limit import TokenBucket
+from agent.realtime.rate_limit import TokenBucket
 
 
 def test_burst_then_refill_at_rate() -> None:

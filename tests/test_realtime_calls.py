@@ -25,7 +25,7 @@ async def test_sdp_call_full_flow(start_agent: AgentFactory,
     assert client.location == f"{CALLS}/{client.call_id}"
     assert client.call_id.startswith("call_") and len(client.call_id) >= 25
     assert client.etag and client.etag.startswith('"')
-    assert client.call_id in running.agent.calls
+    assert client.call_id in running.agent.webrtc_legs
 
     created = await client.wait_event("session.created")
     assert created["session"]["id"] == client.call_id
@@ -52,7 +52,7 @@ async def test_sdp_call_full_flow(start_agent: AgentFactory,
         mark = await client.send_event({"type": barge_in, "event_id": f"evt_{barge_in}"})
         cleared = await client.wait_event("output_audio_buffer.cleared", after=mark)
         assert isinstance(cleared["dropped_ms"], int) and cleared["dropped_ms"] >= 0
-        assert client.call_id in running.agent.calls
+        assert client.call_id in running.agent.webrtc_legs
     # The call goes on in the new epoch: audio keeps arriving without renegotiation.
     heard = client.received_seconds
     await client.wait_audio(heard + 0.5)
@@ -74,7 +74,7 @@ async def test_sdp_call_full_flow(start_agent: AgentFactory,
         async with http.delete(running.url + client.location) as response:
             assert response.status == 404
             assert (await response.json())["error"]["code"] == "call_not_found"
-    assert client.call_id not in running.agent.calls
+    assert client.call_id not in running.agent.webrtc_legs
     await wait_until(lambda: all_freed(running))
 
 
@@ -90,7 +90,7 @@ async def test_multipart_offer_applies_session_before_first_frame(
     created = await client.wait_event("session.created")
     assert created["session"]["instructions"] == "you are a parrot"
     assert created["session"]["voice"] == "verse"
-    call = running.agent.calls[client.call_id]
+    call = running.agent.webrtc_legs[client.call_id]
     assert call.slot is not None and call.slot.config.options["delay_frames"] == 5
 
     await client.wait_audio(2.0)
@@ -151,7 +151,7 @@ async def test_trickled_candidates_reach_the_agent(
             assert response.status == 201
             answer, location = await response.text(), response.headers["Location"]
             etag = response.headers["ETag"]
-        call = running.agent.calls[location.rsplit("/", 1)[-1]]
+        call = running.agent.webrtc_legs[location.rsplit("/", 1)[-1]]
         assert remote_host_ports(call.pc) == set()
         ufrag, pwd = ice_credentials(sdp)
         async with http.patch(running.url + location, data=sdpfrag(ufrag, pwd, candidates),

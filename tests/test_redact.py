@@ -6,7 +6,7 @@ import logging
 
 import pytest
 
-from agent.redact import MASK, RedactingFilter, redact_text, redact_url
+from agent.logs.redact import MASK, RedactingFilter, redact_text, redact_url
 
 
 @pytest.mark.parametrize("url, expected", [

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from agent.sample_fifo import SampleFifo
+from agent.audio.sample_fifo import SampleFifo
 
 
 def ramp(start: int, count: int) -> np.ndarray:

@@ -65,13 +65,13 @@ async def test_an_oversized_message_is_dropped_as_it_arrives(
     mark = await client.send_event(near_limit)
     error = (await client.wait_event("error", after=mark))["error"]
     assert error["code"] == "event_too_large" and "session.updated" in error["message"]
-    assert running.agent.calls[client.call_id].slot.config.instructions == "x" * (
+    assert running.agent.webrtc_legs[client.call_id].slot.config.instructions == "x" * (
         MAX_MESSAGE_BYTES - 100)
     mark = await client.send_event({"type": "session.update",
                                     "session": {"instructions": "still here"}})
     updated = await client.wait_event("session.updated", after=mark)
     assert updated["session"]["instructions"] == "still here"  # the channel went on
     await client.wait_audio(0.5)
-    assert client.call_id in running.agent.calls
+    assert client.call_id in running.agent.webrtc_legs
     await client.close()
     await wait_until(lambda: all_freed(running))

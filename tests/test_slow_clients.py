@@ -57,7 +57,7 @@ async def test_a_trickled_body_gets_408_and_the_connection_closes(
     assert answer.startswith(b"HTTP/1.1 408"), answer[:200]
     assert b'"body_timeout"' in answer
     assert 1.0 <= took < 10.0  # closed, not held for the 40 s the trickle would take
-    assert not running.agent.sessions
+    assert not running.agent.telephony_legs
     # A body that arrives in time is unaffected.
     async with aiohttp.ClientSession() as http:
         async with http.post(running.url + "/v1/telephony/rtp", json={}) as response:

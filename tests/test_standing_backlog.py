@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from agent.standing_backlog import StandingBacklog
+from agent.audio.standing_backlog import StandingBacklog
 
 
 def test_the_smallest_wait_of_a_window_is_dropped_in_granules() -> None:

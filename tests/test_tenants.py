@@ -41,7 +41,7 @@ async def test_rtp_legs_and_call_lists_are_per_tenant(start_agent: AgentFactory)
         # The operator key manages every tenant's legs.
         async with http.delete(url, headers=bearer(OPERATOR)) as response:
             assert response.status == 200
-    await wait_until(lambda: not running.agent.sessions)
+    await wait_until(lambda: not running.agent.telephony_legs)
 
 
 async def test_an_operator_sees_webrtc_calls_a_tenant_sees_its_own(start_agent: AgentFactory) -> None:
@@ -49,7 +49,7 @@ async def test_an_operator_sees_webrtc_calls_a_tenant_sees_its_own(start_agent: 
     seen: dict[str, int] = {}
 
     async def count_during_call() -> None:
-        await wait_until(lambda: len(running.agent.calls) == 1)
+        await wait_until(lambda: len(running.agent.webrtc_legs) == 1)
         async with aiohttp.ClientSession() as http:
             for who in (ALICE, BOB, OPERATOR):
                 async with http.get(running.url + "/metrics/calls", headers=bearer(who)) as response:

@@ -149,8 +149,8 @@ async def test_call_plays_agent_audio_records_and_hangs_up(
     running = await start_agent()
     page, log = await open_page(chromium, running.url + "/")
     await connect(page)
-    assert len(running.agent.calls) == 1
-    call = next(iter(running.agent.calls.values()))
+    assert len(running.agent.webrtc_legs) == 1
+    call = next(iter(running.agent.webrtc_legs.values()))
 
     stats = await wait_for_inbound_audio(page)
     assert stats["bytesReceived"] > 4000
@@ -202,7 +202,7 @@ async def test_transcript_voice_choice_and_locks(
     await page.select_option("#voice", "Bravo.pt")
     await page.fill("#persona", "You are a patient tester.")
     await connect(page)
-    call = next(iter(running.agent.calls.values()))
+    call = next(iter(running.agent.webrtc_legs.values()))
     # The choice reached the plugin before the first frame (multipart offer).
     assert call.slot is not None and call.slot.config.voice == "Bravo.pt"
     assert call.slot.config.instructions == "You are a patient tester."
@@ -245,7 +245,7 @@ async def test_server_full_says_busy(start_agent: AgentFactory, chromium: Browse
     await expect(error).to_contain_text("Try again in 5 s")
     await expect(second.locator("#status")).to_have_text("Busy.")
     await expect(second.locator("#call")).to_be_enabled()
-    assert len(running.agent.calls) == 1  # the first call is untouched
+    assert len(running.agent.webrtc_legs) == 1  # the first call is untouched
     await first.click("#hangup")
     await wait_until(lambda: all_freed(running), timeout=5)
 
@@ -346,7 +346,7 @@ async def test_auth_required_then_token_url_works(
         error = page.locator("#error")
         await expect(error).to_have_attribute("data-code", "auth_required", timeout=UI_TIMEOUT_MS)
         await expect(error).to_contain_text("token URL")
-        assert not running.agent.calls
+        assert not running.agent.webrtc_legs
 
         page, log = await open_page(chromium, running.url + "/?token_url=" + quote(tokens.url))
         await expect(page.locator("#agent-info")).to_contain_text(
@@ -360,7 +360,7 @@ async def test_auth_required_then_token_url_works(
         # The first secret let the page list the agent (and its voices, for the next call).
         await expect(page.locator("#agent-info")).to_have_text("Agent: echo")
         await wait_for_inbound_audio(page)
-        call = next(iter(running.agent.calls.values()))
+        call = next(iter(running.agent.webrtc_legs.values()))
         await page.click("#hangup")
         await wait_until(lambda: all_freed(running), timeout=5)
         assert call.end_reason == "hangup"  # the secret may DELETE the call it created
@@ -392,7 +392,7 @@ async def test_load_voices_is_a_user_action(
         await expect(page.locator("#voice option")).to_have_count(3, timeout=UI_TIMEOUT_MS)
         assert tokens.posts() == 1
         await expect(load).to_be_hidden()
-        assert not running.agent.calls
+        assert not running.agent.webrtc_legs
         assert_clean(log, allowed=(UNAUTHORIZED_ON_LOAD,))
     finally:
         await tokens.server.close()
@@ -422,7 +422,7 @@ async def test_token_url_on_an_origin_not_allowed_gets_no_request(
         await expect(page.locator("#call")).to_be_enabled()
         await page.wait_for_load_state("networkidle")
         assert tokens.requests == []
-        assert not running.agent.calls
+        assert not running.agent.webrtc_legs
         assert_clean(log, allowed=(UNAUTHORIZED_ON_LOAD,))
     finally:
         await tokens.server.close()
@@ -460,7 +460,7 @@ async def test_a_link_to_admin_drain_sends_nothing_and_the_server_keeps_serving(
     assert paths(requests, "POST") == []
     assert not running.server.app[drain.DRAIN_KEY].draining
     assert await ready_status(running) == 200
-    assert not running.agent.calls
+    assert not running.agent.webrtc_legs
     assert_clean(log)
 
 
@@ -480,7 +480,7 @@ async def test_same_origin_client_secrets_route_on_an_open_server(
     assert paths(requests, "POST") == ["/v1/realtime/client_secrets", "/v1/realtime/calls"]
     offer = next(r for r in requests if r.method == "POST" and r.url.endswith("/calls"))
     assert (await offer.all_headers())["authorization"].startswith("Bearer ek_")
-    call = next(iter(running.agent.calls.values()))
+    call = next(iter(running.agent.webrtc_legs.values()))
     await page.click("#hangup")
     await wait_until(lambda: all_freed(running), timeout=5)
     assert call.end_reason == "hangup"
@@ -550,7 +550,7 @@ async def test_denied_microphone_is_explained(start_agent: AgentFactory) -> None
                                               timeout=UI_TIMEOUT_MS)
         await expect(error).to_contain_text("permission")
         await expect(page.locator("#call")).to_be_enabled()
-    assert not running.agent.calls
+    assert not running.agent.webrtc_legs
 
 
 @needs_chromium
@@ -634,7 +634,7 @@ async def test_mic_and_processing_switch_mid_call_replace_the_sent_track(
     after = await page.evaluate(sent_settings)
     assert after["id"] != before["id"]
     assert (after["ec"], after["ns"], after["agc"]) == (True, False, True)
-    call = next(iter(running.agent.calls.values()))
+    call = next(iter(running.agent.webrtc_legs.values()))
     heard_at = call.watchdog.last_inbound_at
     await wait_until(lambda: call.watchdog.last_inbound_at != heard_at, timeout=5)
     await wait_for_inbound_audio(page)

@@ -35,8 +35,8 @@ async def test_call_in_firefox(start_agent: AgentFactory) -> None:
         await page.click("#call")
         await page.wait_for("document.getElementById('status').textContent.startsWith('Connected')",
                             timeout=30)
-        assert len(running.agent.calls) == 1
-        call = next(iter(running.agent.calls.values()))
+        assert len(running.agent.webrtc_legs) == 1
+        call = next(iter(running.agent.webrtc_legs.values()))
         await page.wait_for(f"{INBOUND_AUDIO}.then((a) => a.bytes > 4000 && a.level > 0.001)")
         # Firefox's stats shape (no transport entry; a `selected` pair) fills the panel too.
         await page.wait_for(

@@ -177,7 +177,7 @@ async def test_a_forged_worker_mark_counts_for_nothing_even_on_a_workers_socket(
     """A request on worker 1's private socket carrying the workers' mark (and a made-up
     signature) is routed like any client's: the victim's leg on worker 0 is forwarded there
     and found (a request taken as a worker's would be answered by worker 1 itself: 404)."""
-    from signaling.worker_channel import FORWARDED_HEADER, SIGNATURE_HEADER
+    from signaling.workers.channel import FORWARDED_HEADER, SIGNATURE_HEADER
     async with attacked(tmp_path / "w") as (group, _):
         victim = await leg_on(group, 0)
         stamp = f"{time.time():.3f}"

@@ -1,10 +1,10 @@
-"""signaling/worker_load.py: the calls each worker holds, shared through a mapped file."""
+"""signaling/workers/load.py: the calls each worker holds, shared through a mapped file."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from signaling.worker_load import MARGIN, WorkerLoads
+from signaling.workers.load import MARGIN, WorkerLoads
 
 
 def test_each_worker_sees_the_others_counts_and_hands_calls_to_a_lighter_one(

@@ -265,7 +265,7 @@ async def test_new_calls_spread_over_the_workers_whichever_accepts_them(
         workers: Workers) -> None:
     """The kernel, not the load, picks the worker that accepts: every new call here arrives
     on worker 0, and a worker holding MARGIN more calls than another hands the call over."""
-    from signaling.worker_load import MARGIN
+    from signaling.workers.load import MARGIN
 
     owners = []
     for _ in range(8):
@@ -284,7 +284,7 @@ def test_a_worker_stopped_while_still_starting_counts_as_drained(tmp_path: Path)
     default action; that worker had no calls yet, so the supervisor still exits 0."""
     import sys
     import threading
-    from signaling.supervisor import Supervisor
+    from signaling.workers.supervisor import Supervisor
 
     class StartingWorkers(Supervisor):
         def command(self, index: int) -> list[str]:
@@ -385,7 +385,7 @@ async def test_a_media_stream_on_a_full_worker_is_relayed_to_one_with_room(
 def test_a_signal_that_comes_while_a_worker_is_being_started_reaches_it(
         tmp_path: Path) -> None:
     import sys
-    from signaling.supervisor import Supervisor
+    from signaling.workers.supervisor import Supervisor
 
     class SignalledDuringSpawn(Supervisor):
         def command(self, index: int) -> list[str]:
@@ -475,8 +475,8 @@ async def media_streams_handed_over(workers: Workers, key: str) -> None:
     credential checked there (in the header or the URL)."""
     import json
     import socket as sockets_module
-    from signaling.worker_handoff import handoff_socket_path
-    from signaling.worker_load import MARGIN
+    from signaling.workers.handoff import handoff_socket_path
+    from signaling.workers.load import MARGIN
 
     # A datagram that carries no connection is dropped, and the worker goes on.
     with sockets_module.socket(sockets_module.AF_UNIX, sockets_module.SOCK_DGRAM) as junk:
@@ -514,7 +514,7 @@ async def test_the_worker_mark_counts_only_on_a_workers_private_socket(
         workers: Workers) -> None:
     """A client that sends the header workers mark forwarded requests with is still routed:
     on one connection to the public port, a leg held by either worker is reached."""
-    from signaling.worker_channel import FORWARDED_HEADER
+    from signaling.workers.channel import FORWARDED_HEADER
 
     call_ids = []
     for worker in (0, 1):  # one leg on each worker (each is the lighter one in turn)

@@ -20,7 +20,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from ..errors import AgentError
+from agent.errors import AgentError
 
 
 class PluginError(AgentError):

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from .base import (
+from agent.plugins.base import (
     check_extra_body,
     Capabilities,
     Plugin,

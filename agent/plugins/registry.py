@@ -6,7 +6,7 @@ from __future__ import annotations
 import importlib
 from importlib.metadata import entry_points
 
-from .base import Plugin, PluginError, PluginOptions
+from agent.plugins.base import Plugin, PluginError, PluginOptions
 
 ENTRY_POINT_GROUP = "duplex_agent.plugins"
 

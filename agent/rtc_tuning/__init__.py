@@ -21,7 +21,7 @@ from aiortc.rtp import RtpPacket
 from aiortc.utils import uint16_add
 from aiortc.rtcrtpparameters import RTCRtpCodecParameters
 
-from .sctp_limit import missing_sctp_internals
+from agent.rtc_tuning.sctp_limit import missing_sctp_internals
 
 log = logging.getLogger(__name__)
 

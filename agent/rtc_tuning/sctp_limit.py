@@ -32,7 +32,7 @@ from aiortc.rtcsctptransport import (
 )
 from aiortc.utils import uint16_gt
 
-from ..events import MAX_CLIENT_EVENT_BYTES
+from agent.realtime.events import MAX_CLIENT_EVENT_BYTES
 
 log = logging.getLogger(__name__)
 

@@ -7,8 +7,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..encoding import PTIME  # every leg sends 20 ms per message/packet; RTP takes any in
-from . import g711
+from agent.webrtc.encoding import PTIME  # every leg sends 20 ms per message/packet; RTP takes any in
+from agent.telephony import g711
 
 
 def _l16_encode(samples: np.ndarray) -> bytes:

@@ -19,18 +19,18 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
-from ..call_settings import CallSettings
-from ..clock import MonotonicClock
-from ..events import server_event
-from ..leg import Leg, playout_stats
-from ..pacer import Pacer
-from ..rate_limit import TokenBucket
-from ..worker_tag import ID_TOKEN_BYTES, tagged_token
-from .codec import PTIME, NarrowbandCodec
-from .downsample import ChunkResampler
+from agent.call_settings import CallSettings
+from agent.audio.clock import MonotonicClock
+from agent.realtime.events import server_event
+from agent.leg import Leg, playout_stats
+from agent.audio.pacer import Pacer
+from agent.realtime.rate_limit import TokenBucket
+from agent.worker_tag import ID_TOKEN_BYTES, tagged_token
+from agent.telephony.codec import PTIME, NarrowbandCodec
+from agent.telephony.resample import ChunkResampler
 
 if TYPE_CHECKING:
-    from ..media_agent import MediaAgent
+    from agent.media_agent import MediaAgent
 
 log = logging.getLogger(__name__)
 
@@ -43,11 +43,11 @@ DTMF_BURST = 20
 
 
 class TelephonyLeg(Leg):
-    kind: ClassVar[str] = "telephony"  # the id prefix and the stats' `kind`
+    id_prefix: ClassVar[str] = "telephony"  # the leg id's prefix, and the stats' `kind`
 
     def __init__(self, agent: MediaAgent, codec: NarrowbandCodec,
                  settings: CallSettings | None = None) -> None:
-        super().__init__(f"{self.kind}_{tagged_token(ID_TOKEN_BYTES)}", agent.plugin, agent.ticker,
+        super().__init__(f"{self.id_prefix}_{tagged_token(ID_TOKEN_BYTES)}", agent.plugin, agent.ticker,
                          settings or agent.settings.call, agent.legs)
         self.codec = codec
         self.dtmf_budget = TokenBucket(DTMF_RATE, DTMF_BURST)
@@ -145,7 +145,7 @@ class TelephonyLeg(Leg):
     def stats(self) -> dict[str, Any]:
         return {
             **super().stats(),
-            "kind": self.kind,
+            "kind": self.id_prefix,
             "codec": self.codec.name,
             "chunks_in": self.chunks_in,
             "chunks_out": self.chunks_out,

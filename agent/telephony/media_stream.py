@@ -27,18 +27,18 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
-from .. import client_json
-from ..errors import AgentError
-from ..log_safe import LogThrottle, held_back_note, printable
-from ..leg import prepare_config
-from ..plugins.base import SessionConfig
-from .codec import PCMA, PCMU, NarrowbandCodec
-from .leg import DTMF_BURST, DTMF_DIGITS, DTMF_RATE, TelephonyLeg
-from .marks import MarkQueue
+from agent.realtime import client_json
+from agent.errors import AgentError
+from agent.logs.log_safe import LogThrottle, held_back_note, printable
+from agent.leg import prepare_config
+from agent.plugins.base import SessionConfig
+from agent.telephony.codec import PCMA, PCMU, NarrowbandCodec
+from agent.telephony.leg import DTMF_BURST, DTMF_DIGITS, DTMF_RATE, TelephonyLeg
+from agent.telephony.marks import MarkQueue
 
 if TYPE_CHECKING:
-    from ..call_settings import CallSettings
-    from ..media_agent import MediaAgent
+    from agent.call_settings import CallSettings
+    from agent.media_agent import MediaAgent
 
 log = logging.getLogger(__name__)
 
@@ -61,8 +61,8 @@ class ProtocolError(AgentError):
     """A media-stream message the agent cannot act on."""
 
 
-class MediaStreamSession(TelephonyLeg):
-    kind = "media_stream"
+class MediaStreamLeg(TelephonyLeg):
+    id_prefix = "media_stream"
     transport = "media-stream"
 
     def __init__(self, agent: MediaAgent, send_text: SendText, close_socket: CloseSocket,

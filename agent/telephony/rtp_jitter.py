@@ -183,7 +183,7 @@ class Concealer:
         return (self._last.astype(np.float32) * self.FADE[run]).astype(np.int16)
 
 
-class TickPlayout:
+class InboundTicks:
     """Plays packets of any duration out as exact ticks of `chunk_samples` samples.
 
     Carriers and PBXs send 10, 20, 30, 40 or 60 ms packets, and some senders (ffmpeg's

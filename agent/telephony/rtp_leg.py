@@ -32,19 +32,19 @@ from typing import TYPE_CHECKING, Any
 
 from aiortc.rtp import RtpPacket
 
-from ..errors import CallError
-from ..leg import prepare_config
-from ..plugins.base import SessionConfig
-from .address_policy import DEFAULT_ALLOWED_NETWORKS, IPNetwork, refusal_for
-from .codec import NarrowbandCodec, codec_by_name, CODECS
-from .leg import SEND_ERRORS, TelephonyLeg
-from .rtp_jitter import Concealer, JitterBuffer, TickPlayout
-from .telephone_event import DEFAULT_PAYLOAD_TYPE as DEFAULT_DTMF_PAYLOAD_TYPE
-from .telephone_event import TelephoneEventDetector
+from agent.errors import CallError
+from agent.leg import prepare_config
+from agent.plugins.base import SessionConfig
+from agent.telephony.address_policy import DEFAULT_ALLOWED_NETWORKS, IPNetwork, refusal_for
+from agent.telephony.codec import NarrowbandCodec, codec_by_name, CODECS
+from agent.telephony.leg import SEND_ERRORS, TelephonyLeg
+from agent.telephony.rtp_jitter import Concealer, JitterBuffer, InboundTicks
+from agent.telephony.telephone_event import DEFAULT_PAYLOAD_TYPE as DEFAULT_DTMF_PAYLOAD_TYPE
+from agent.telephony.telephone_event import TelephoneEventDetector
 
 if TYPE_CHECKING:
-    from ..call_settings import CallSettings
-    from ..media_agent import MediaAgent
+    from agent.call_settings import CallSettings
+    from agent.media_agent import MediaAgent
 
 log = logging.getLogger(__name__)
 
@@ -142,7 +142,7 @@ class _RtpProtocol(asyncio.DatagramProtocol):
 
 
 class RtpLeg(TelephonyLeg):
-    kind = "rtp"
+    id_prefix = "rtp"
     transport = "rtp"
 
     def __init__(self, agent: MediaAgent, codec: NarrowbandCodec,
@@ -156,7 +156,7 @@ class RtpLeg(TelephonyLeg):
         self.latching = remote is None
         self.allowed_networks = rtp.allowed_networks
         self.packets_refused = 0  # from sources a latching leg may not answer
-        self.inbound = TickPlayout(
+        self.inbound = InboundTicks(
             JitterBuffer(rtp.jitter_packets), Concealer(codec.samples_per_chunk),
             codec.samples_per_chunk, rtp.jitter_packets * codec.samples_per_chunk,
         )

@@ -15,9 +15,9 @@ import logging
 from collections.abc import Callable
 from itertools import count
 
-from ..clock import Clock, MonotonicClock
-from ..task_owner import TaskOwner
-from .codec import PTIME
+from agent.audio.clock import Clock, MonotonicClock
+from agent.task_owner import TaskOwner
+from agent.telephony.codec import PTIME
 
 log = logging.getLogger(__name__)
 

@@ -8,10 +8,10 @@ from pathlib import Path
 import numpy as np
 from aiortc.jitterbuffer import JitterFrame
 
-from ..encoding import PTIME, InlineAudioEncoder
-from ..outbound import float_to_s16
-from ..rtc_tuning import MonoOpusDecoder
-from .peer import load_wav
+from agent.webrtc.encoding import PTIME, InlineAudioEncoder
+from agent.webrtc.outbound import float_to_s16
+from agent.rtc_tuning import MonoOpusDecoder
+from agent.testing.peer import load_wav
 
 MAX_DELAY_S = 0.01  # Opus's look-ahead delays the decoded speech by 2.5 ms here
 

@@ -30,16 +30,16 @@ from aiortc.jitterbuffer import JitterFrame
 from aiortc.rtcrtpparameters import RTCRtpCodecParameters
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
-from ..cli_errors import CliError, exit_with_error
-from ..clock import MonotonicClock
-from ..encoding import PTIME, InlineAudioEncoder
-from ..outbound import float_to_s16
-from ..pacer import Pacer
-from ..rtc_tuning import (
+from agent.cli_errors import CliError, exit_with_error
+from agent.audio.clock import MonotonicClock
+from agent.webrtc.encoding import PTIME, InlineAudioEncoder
+from agent.webrtc.outbound import float_to_s16
+from agent.audio.pacer import Pacer
+from agent.rtc_tuning import (
     InlineAudioDecoding, accept_rsa_dtls_peers, decode_audio_inline, limit_host_addresses,
     negotiated_codecs,
 )
-from .testsignal import make_test_signal, measure_echo
+from agent.testing.testsignal import make_test_signal, measure_echo
 
 PEER_RATE = 48000
 CHUNK = PEER_RATE // 50

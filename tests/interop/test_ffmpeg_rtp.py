@@ -113,7 +113,7 @@ async def test_ffmpeg_sends_and_receives_an_rtp_leg(
                         max_lag_seconds=4.0)
     assert echo.correlation > 0.6, (echo, stats["jitter"])
     assert echo.holes == 0, (echo, json.dumps(stats))
-    await wait_until(lambda: not running.agent.sessions and not running.agent.ticker.slots)
+    await wait_until(lambda: not running.agent.telephony_legs and not running.agent.ticker.slots)
     print(json.dumps({"packet_ms": stats["packet_ms"], "underruns": stats["jitter"]["underruns"],
                       "correlation": round(echo.correlation, 3), "lag_s": round(echo.lag_seconds, 3),
                       "lag_spread_s": echo.lag_spread_seconds}), file=sys.stderr)

@@ -92,7 +92,7 @@ async def test_a_call_gets_model_audio_and_text_from_the_real_moshi_server(
         upstreams=(moshi_server,), extra={"upstream_kind": "kyutai"}))
     running = await start_agent(plugin)
     call = asyncio.ensure_future(run_call(running.url, seconds=5.0))
-    await wait_until(lambda: any(c.connected_at for c in running.agent.calls.values()), 60)
+    await wait_until(lambda: any(c.connected_at for c in running.agent.webrtc_legs.values()), 60)
     # The reference server holds one conversation: a second caller is refused at once
     # (capacity 1 by default for reference servers, so the agent is full), and that says
     # nothing bad about the server.

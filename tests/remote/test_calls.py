@@ -89,7 +89,7 @@ async def test_calls_spread_and_a_dying_upstream_ends_only_its_calls(
     assert Counter(placement.values()) == {doomed.url: 2, survivor.url: 2}
     await doomed.kill()
     # Its two calls end at once; the other two are still running.
-    await wait_until(lambda: len(running.agent.calls) == 2, timeout=5)
+    await wait_until(lambda: len(running.agent.webrtc_legs) == 2, timeout=5)
     reports = [report for report, _, _ in await asyncio.gather(*calls)]
     for report in reports:
         if placement[report.call_id] == doomed.url:

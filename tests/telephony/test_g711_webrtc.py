@@ -50,7 +50,7 @@ async def test_opus_wins_when_offered_with_g711(echo_agent: RunningAgent) -> Non
     # The caller prefers PCMU, but the agent's own order (opus first by default) decides,
     # and the answer names only the chosen codec, so the caller sends it too.
     assert await _answer_codecs(echo_agent.url, ["PCMU", "PCMA", "opus"]) == ["opus"]
-    assert [call.codec for call in echo_agent.agent.calls.values()] == ["opus"]
+    assert [call.codec for call in echo_agent.agent.webrtc_legs.values()] == ["opus"]
 
 
 async def test_codecs_setting_reorders(start_agent: AgentFactory) -> None:

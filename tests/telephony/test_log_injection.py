@@ -8,7 +8,7 @@ import logging
 import aiohttp
 import pytest
 
-from agent.log_safe import printable
+from agent.logs.log_safe import printable
 from support import RunningAgent, wait_until
 from test_media_stream import connect
 
@@ -47,6 +47,6 @@ async def test_media_stream_event_names_ids_and_option_keys_are_escaped(
         await started.open()
         await wait_until(lambda: "start stream=" in caplog.text)
         await started.socket.close()
-    await wait_until(lambda: not echo_agent.agent.sessions)
+    await wait_until(lambda: not echo_agent.agent.telephony_legs)
     assert "forged record" in caplog.text  # the strings were logged...
     assert _records_with_newlines(caplog) == []  # ...but as one line each

@@ -167,7 +167,7 @@ async def test_stream_echoes_paced_mulaw_through_malformed_messages_and_dtmf(
         await asyncio.sleep(0.5)  # the echo of the last chunks
         elapsed = time.monotonic() - started
         received_by_then = len(bridge.media)
-        (session,) = running.agent.sessions.values()
+        (session,) = running.agent.telephony_legs.values()
         events = [event["type"] for event in session.events]
         health = running.agent.health()
         stats = session.stats()
@@ -195,7 +195,7 @@ async def test_stream_echoes_paced_mulaw_through_malformed_messages_and_dtmf(
     assert plugin.digits == ["7", "#"]
     assert health["active_calls"] == 1 and health["legs"]["media-stream"] == 1
     assert [(c["kind"], c["stream_sid"]) for c in listed] == [("media_stream", bridge.stream_sid)]
-    await wait_until(lambda: not running.agent.sessions and not running.agent.ticker.slots)
+    await wait_until(lambda: not running.agent.telephony_legs and not running.agent.ticker.slots)
     assert session.end_reason == "stop"
 
 
@@ -256,7 +256,7 @@ async def test_clear_drops_queued_agent_audio_and_releases_marks(start_agent: Ag
         await bridge.mark("before-clear")
         await bridge.send({"event": "clear", "streamSid": bridge.stream_sid})
         await wait_until(lambda: len(bridge.marks) == 1)
-        (session,) = running.agent.sessions.values()
+        (session,) = running.agent.telephony_legs.values()
         await sender
         await bridge.socket.close()
     assert bridge.marks[0][0] == "before-clear"
@@ -274,7 +274,7 @@ async def test_start_parameters_are_validated_by_the_plugin(echo_agent: RunningA
         await bridge.finished()
         assert bridge.socket.close_code == 1008
     assert [e["error"]["code"] for e in bridge.errors] == ["invalid_option"]
-    await wait_until(lambda: not echo_agent.agent.sessions and not echo_agent.agent.ticker.slots)
+    await wait_until(lambda: not echo_agent.agent.telephony_legs and not echo_agent.agent.ticker.slots)
 
 
 async def test_extra_body_parameter_reaches_the_plugin(echo_agent: RunningAgent) -> None:
@@ -282,8 +282,8 @@ async def test_extra_body_parameter_reaches_the_plugin(echo_agent: RunningAgent)
         bridge = await connect(http, echo_agent)
         await bridge.open({"voice": "v1", "persona": "a helpful agent",
                            "extra_body": json.dumps({"delay_frames": 2})})
-        await wait_until(lambda: any(s.slot for s in echo_agent.agent.sessions.values()))
-        (session,) = echo_agent.agent.sessions.values()
+        await wait_until(lambda: any(s.slot for s in echo_agent.agent.telephony_legs.values()))
+        (session,) = echo_agent.agent.telephony_legs.values()
         config = session.slot.config
         await bridge.socket.close()
     assert (config.voice, config.instructions, dict(config.options)) == (
@@ -295,7 +295,7 @@ async def test_admission_limit_is_shared_and_503_before_upgrade(start_agent: Age
     async with aiohttp.ClientSession() as http:
         first = await connect(http, running)
         await first.open()
-        await wait_until(lambda: len(running.agent.sessions) == 1)
+        await wait_until(lambda: len(running.agent.telephony_legs) == 1)
         async with http.get(running.url + PATH, headers={
             "Connection": "Upgrade", "Upgrade": "websocket", "Sec-WebSocket-Version": "13",
             "Sec-WebSocket-Key": base64.b64encode(b"0123456789abcdef").decode(),
@@ -306,7 +306,7 @@ async def test_admission_limit_is_shared_and_503_before_upgrade(start_agent: Age
         async with http.post(running.url + "/v1/telephony/rtp", json={"codec": "PCMU"}) as response:
             assert response.status == 503
         await first.socket.close()
-    await wait_until(lambda: not running.agent.sessions)
+    await wait_until(lambda: not running.agent.telephony_legs)
     assert running.agent.health()["active_calls"] == 0
 
 
@@ -322,18 +322,18 @@ async def test_query_token_authenticates_the_socket(start_agent: AgentFactory) -
             assert response.status == 401  # query tokens are for the websocket only
         bridge = await connect(http, running, PATH + "?token=sk-telephony")
         await bridge.open()
-        await wait_until(lambda: any(s.slot for s in running.agent.sessions.values()))
+        await wait_until(lambda: any(s.slot for s in running.agent.telephony_legs.values()))
         await bridge.socket.close()
         bridge = await connect(http, running, headers={"Authorization": "Bearer sk-telephony"})
         await bridge.open()
-        await wait_until(lambda: any(s.slot for s in running.agent.sessions.values()))
+        await wait_until(lambda: any(s.slot for s in running.agent.telephony_legs.values()))
         await bridge.socket.close()
         # Twilio's <Stream url> takes no query string: the key can be the last path segment.
         async with http.get(running.url + PATH + "/wrong") as response:
             assert response.status == 401
         bridge = await connect(http, running, PATH + "/sk-telephony")
         await bridge.open()
-        await wait_until(lambda: any(s.slot for s in running.agent.sessions.values()))
+        await wait_until(lambda: any(s.slot for s in running.agent.telephony_legs.values()))
         await bridge.socket.close()
 
 
@@ -348,9 +348,9 @@ async def test_path_is_configurable_and_plain_get_is_refused(start_agent: AgentF
             assert response.status == 404
         bridge = await connect(http, running, "/twilio/stream")
         await bridge.open()
-        await wait_until(lambda: any(s.slot for s in running.agent.sessions.values()))
+        await wait_until(lambda: any(s.slot for s in running.agent.telephony_legs.values()))
         await bridge.socket.close()
-    await wait_until(lambda: not running.agent.sessions)
+    await wait_until(lambda: not running.agent.telephony_legs)
 
 
 async def test_closed_socket_and_shutdown_end_sessions(start_agent: AgentFactory) -> None:
@@ -358,20 +358,20 @@ async def test_closed_socket_and_shutdown_end_sessions(start_agent: AgentFactory
     async with aiohttp.ClientSession() as http:
         bridge = await connect(http, running)
         await bridge.open()
-        await wait_until(lambda: any(s.slot for s in running.agent.sessions.values()))
-        (session,) = running.agent.sessions.values()
+        await wait_until(lambda: any(s.slot for s in running.agent.telephony_legs.values()))
+        (session,) = running.agent.telephony_legs.values()
         await bridge.socket.close()
-        await wait_until(lambda: not running.agent.sessions and not running.agent.ticker.slots)
+        await wait_until(lambda: not running.agent.telephony_legs and not running.agent.ticker.slots)
         assert session.end_reason == "socket_closed"
 
         bridge = await connect(http, running)
         await bridge.open()
-        await wait_until(lambda: any(s.slot for s in running.agent.sessions.values()))
-        (session,) = running.agent.sessions.values()
+        await wait_until(lambda: any(s.slot for s in running.agent.telephony_legs.values()))
+        (session,) = running.agent.telephony_legs.values()
         await running.server.close()
         await bridge.finished()
     assert session.end_reason == "shutdown"
-    assert not running.agent.sessions and not running.agent.ticker.slots
+    assert not running.agent.telephony_legs and not running.agent.ticker.slots
 
 
 async def test_a_socket_that_never_starts_is_ended(start_agent: AgentFactory) -> None:
@@ -382,7 +382,7 @@ async def test_a_socket_that_never_starts_is_ended(start_agent: AgentFactory) ->
         bridge = await connect(http, running)
         await bridge.send({"event": "connected", "protocol": "Call", "version": "1.0.0"})
         await bridge.finished()
-    assert not running.agent.sessions
+    assert not running.agent.telephony_legs
 
 
 async def test_dtmf_flood_is_rate_limited_and_the_stream_goes_on(start_agent: AgentFactory) -> None:
@@ -397,7 +397,7 @@ async def test_dtmf_flood_is_rate_limited_and_the_stream_goes_on(start_agent: Ag
             await bridge.send({"event": "dtmf", "streamSid": bridge.stream_sid,
                                "dtmf": {"digit": "5"}})
         await wait_until(lambda: len(plugin.digits) + len(bridge.errors) == 200)
-        (session,) = running.agent.sessions.values()
+        (session,) = running.agent.telephony_legs.values()
         assert session.closing is False
         assert session.stats()["dtmf_refused"] == len(bridge.errors)
         await _stream_silence(bridge, 0.5)  # media is still taken after the flood
@@ -439,9 +439,9 @@ async def test_a_bridge_that_hangs_up_during_the_upgrade_is_no_server_error(
             break
     assert hung_up()
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
-    await wait_until(lambda: not running.agent.sessions)
+    await wait_until(lambda: not running.agent.telephony_legs)
     async with aiohttp.ClientSession() as http:  # and the server goes on
         bridge = await connect(http, running)
         await bridge.open()
-        await wait_until(lambda: any(s.slot for s in running.agent.sessions.values()))
+        await wait_until(lambda: any(s.slot for s in running.agent.telephony_legs.values()))
         await bridge.socket.close()

@@ -10,7 +10,7 @@ import aiohttp
 import pytest
 from yarl import URL
 
-from agent.redact import RedactingFilter
+from agent.logs.redact import RedactingFilter
 from signaling.auth import AuthSettings
 from support import AgentFactory, wait_until
 from test_media_stream import PATH, Bridge
@@ -49,7 +49,7 @@ async def test_percent_encoded_path_is_refused_and_its_key_never_logged(
         with pytest.raises(aiohttp.WSServerHandshakeError) as refused:
             await http.ws_connect(URL(f"{running.url}{ENCODED_ROUTES[0]}/{KEY}", encoded=True))
         assert refused.value.status == 400
-    assert not running.agent.sessions
+    assert not running.agent.telephony_legs
 
     def access_lines() -> list[str]:
         return [r.getMessage() for r in redacted_caplog.records if r.name == "aiohttp.access"]
@@ -70,7 +70,7 @@ async def test_canonical_spellings_still_authenticate(
             bridge = Bridge(await http.ws_connect(URL(running.url + path, encoded=True)))
             bridge.start_reading()
             await bridge.open()
-            await wait_until(lambda: any(s.slot for s in running.agent.sessions.values()))
+            await wait_until(lambda: any(s.slot for s in running.agent.telephony_legs.values()))
             await bridge.socket.close()
-            await wait_until(lambda: not running.agent.sessions)
+            await wait_until(lambda: not running.agent.telephony_legs)
     assert not [r for r in redacted_caplog.records if KEY in r.getMessage()]

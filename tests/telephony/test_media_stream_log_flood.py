@@ -28,7 +28,7 @@ async def test_two_thousand_malformed_messages_log_a_few_lines_with_the_count(
                 "not json" if index % 2 else json.dumps({"event": "bogus"}))
         await wait_until(lambda: len(bridge.errors) == FLOOD, timeout=30)
         await bridge.socket.close()
-    await wait_until(lambda: not echo_agent.agent.sessions)
+    await wait_until(lambda: not echo_agent.agent.telephony_legs)
     assert {e["error"]["code"] for e in bridge.errors} == {"invalid_json", "unknown_event"}
     lines = [r.getMessage() for r in caplog.records
              if r.name == LOGGER and r.levelno >= logging.WARNING]

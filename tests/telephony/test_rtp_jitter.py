@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from agent.telephony.rtp_jitter import Concealer, JitterBuffer, TickPlayout
+from agent.telephony.rtp_jitter import Concealer, JitterBuffer, InboundTicks
 
 
 def _play_all(buffer: JitterBuffer, ticks: int) -> list[bytes | None]:
@@ -109,7 +109,7 @@ def _decode(payload: bytes) -> np.ndarray:
 def test_any_packet_duration_plays_as_exact_continuous_ticks() -> None:
     # 10, 23.1 (ffmpeg's 185), 30, 60 ms packets, and a ptime change mid-stream.
     for sizes in ([80] * 60, [185, 186] * 20, [240] * 20, [480] * 10, [160] * 10 + [240] * 10):
-        playout = TickPlayout(JitterBuffer(3), Concealer(160), 160, 480)
+        playout = InboundTicks(JitterBuffer(3), Concealer(160), 160, 480)
         packets = _ramp_packets(sizes)
         played: list[np.ndarray] = []
         arrived, seq = 0, 0
@@ -132,7 +132,7 @@ def test_any_packet_duration_plays_as_exact_continuous_ticks() -> None:
 
 
 def test_depth_follows_the_typical_packet_duration_not_an_odd_one() -> None:
-    playout = TickPlayout(JitterBuffer(3), Concealer(160), 160, 480)
+    playout = InboundTicks(JitterBuffer(3), Concealer(160), 160, 480)
     for size in [240] * 5 + [16]:
         playout.note_packet_samples(size)
     assert playout.packet_samples == 240
@@ -161,7 +161,7 @@ def test_a_flood_between_two_ticks_is_bounded_in_packets_and_bytes() -> None:
 
 
 def test_reset_lets_go_of_everything_held() -> None:
-    playout = TickPlayout(JitterBuffer(3), Concealer(160), 160, 480)
+    playout = InboundTicks(JitterBuffer(3), Concealer(160), 160, 480)
     for seq in range(5):
         playout.buffer.push(seq, bytes(320))
     assert playout.tick(lambda payload: np.ones(len(payload), dtype=np.int16)) is not None

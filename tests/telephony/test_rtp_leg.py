@@ -151,7 +151,7 @@ async def test_signal_comes_back_through_reordering_loss_and_a_foreign_sender(
     echo_pcm = PCMU.decode(b"".join(p.payload for p in received)).astype(np.float32) / 32768
     echo = measure_echo(signal, echo_pcm, 8000)
     assert echo.correlation >= 0.7, echo
-    await wait_until(lambda: not echo_agent.agent.sessions and not echo_agent.agent.ticker.slots)
+    await wait_until(lambda: not echo_agent.agent.telephony_legs and not echo_agent.agent.ticker.slots)
     caller.transport.close()  # type: ignore[union-attr]
     intruder.transport.close()  # type: ignore[union-attr]
 
@@ -186,7 +186,7 @@ async def test_a_leg_whose_remote_goes_quiet_ends(start_agent: AgentFactory) -> 
         assert status == 201
         await send_paced(caller, destination_of(body), stream.packets,
                          list(range(len(stream.packets))), set())
-        await wait_until(lambda: not running.agent.sessions)
+        await wait_until(lambda: not running.agent.telephony_legs)
         async with http.get(f"{running.url}{RTP_PATH}/{body['call_id']}") as response:
             assert response.status == 404
     assert not running.agent.ticker.slots
@@ -218,7 +218,7 @@ async def test_bad_requests_get_coded_errors(echo_agent: RunningAgent) -> None:
         async with http.delete(f"{echo_agent.url}{RTP_PATH}/rtp_unknown") as response:
             assert response.status == 404
             assert (await response.json())["error"]["code"] == "not_found"
-    assert not echo_agent.agent.sessions and not echo_agent.agent.ticker.slots
+    assert not echo_agent.agent.telephony_legs and not echo_agent.agent.ticker.slots
 
 
 def _free_even_port() -> int:
@@ -251,7 +251,7 @@ async def test_port_range_and_call_limit(start_agent: AgentFactory) -> None:
         status, again = await open_leg(http, running, {"remote": "127.0.0.1:9"})
         assert status == 201 and again["local"] == f"127.0.0.1:{port}"  # the port was freed
     await running.server.close()  # shutdown ends the leg
-    assert not running.agent.sessions and not running.agent.ticker.slots
+    assert not running.agent.telephony_legs and not running.agent.ticker.slots
 
 
 def key_press(digit: str, timestamp: int, first_sequence: int, ssrc: int) -> list[bytes]:
@@ -284,7 +284,7 @@ async def test_rfc4733_key_presses_become_dtmf_events(start_agent: AgentFactory)
                                  ssrc=stream.ssrc, payload=bytes([16, 0x8A, 0, 160])).serialize())
         await send_paced(caller, destination, packets, list(range(len(packets))), set())
         await wait_until(lambda: len(plugin.digits) == 3)
-        (leg,) = running.agent.sessions.values()
+        (leg,) = running.agent.telephony_legs.values()
         events = [e["event"] for e in leg.events
                   if e["type"] == "input_audio_buffer.dtmf_event_received"]
         stats = leg.stats()
@@ -311,8 +311,8 @@ async def test_remote_audio_from_another_port_is_taken_unless_strict(echo_agent:
             assert status == 201, body
             await send_paced(sender, destination_of(body), stream.packets, list(range(count)), set())
             url = f"{echo_agent.url}{RTP_PATH}/{body['call_id']}"
-            await wait_until(lambda: echo_agent.agent.sessions[body["call_id"]].stats()[
-                "packets_foreign"] + echo_agent.agent.sessions[body["call_id"]].stats()[
+            await wait_until(lambda: echo_agent.agent.telephony_legs[body["call_id"]].stats()[
+                "packets_foreign"] + echo_agent.agent.telephony_legs[body["call_id"]].stats()[
                 "jitter"]["received"] >= count)
             async with http.get(url) as response:
                 stats[strict] = await response.json()
@@ -327,7 +327,7 @@ async def test_remote_audio_from_another_port_is_taken_unless_strict(echo_agent:
     assert stats[False]["packet_ms"] == 20.0
     assert stats[True]["packets_foreign"] == count and stats[True]["jitter"]["received"] == 0
     assert len(listener.packets) > 0 and sender.packets == []
-    await wait_until(lambda: not echo_agent.agent.sessions)
+    await wait_until(lambda: not echo_agent.agent.telephony_legs)
     listener.transport.close()  # type: ignore[union-attr]
     sender.transport.close()  # type: ignore[union-attr]
 
@@ -340,7 +340,7 @@ async def test_closed_legs_leave_no_libav_threads_behind(echo_agent: RunningAgen
         status, body = await open_leg(http, echo_agent, {"remote": "127.0.0.1:5004"})
         async with http.delete(f"{echo_agent.url}{RTP_PATH}/{body['call_id']}"):
             pass
-        await wait_until(lambda: not echo_agent.agent.sessions)
+        await wait_until(lambda: not echo_agent.agent.telephony_legs)
         before = os_threads()
         gc.disable()  # freed by the leg's own teardown, not by a collection that happens to run
         try:
@@ -350,7 +350,7 @@ async def test_closed_legs_leave_no_libav_threads_behind(echo_agent: RunningAgen
                 await asyncio.sleep(0.05)  # a few chunks through the resamplers
                 async with http.delete(f"{echo_agent.url}{RTP_PATH}/{body['call_id']}"):
                     pass
-            await wait_until(lambda: not echo_agent.agent.sessions)
+            await wait_until(lambda: not echo_agent.agent.telephony_legs)
             assert os_threads() <= before + 4  # (20 legs used to leave about 10 more)
         finally:
             gc.enable()

@@ -51,7 +51,7 @@ async def test_oversized_datagrams_are_dropped_and_counted_and_audio_still_plays
     async with aiohttp.ClientSession() as http:
         status, body = await open_leg(http, echo_agent, {"remote": caller.address, "codec": "PCMU"})
         assert status == 201, body
-        leg = echo_agent.agent.sessions[body["call_id"]]
+        leg = echo_agent.agent.telephony_legs[body["call_id"]]
         assert isinstance(leg, RtpLeg)
         sent = await send_with_oversized(caller, destination_of(body), stream)
         await wait_until(lambda: leg.packets_oversize == sent)
@@ -67,7 +67,7 @@ async def test_oversized_datagrams_are_dropped_and_counted_and_audio_still_plays
     assert {len(p.payload) for p in received} == {160}
     echo_pcm = PCMU.decode(b"".join(p.payload for p in received)).astype(np.float32) / 32768
     assert measure_echo(signal, echo_pcm, 8000).correlation >= 0.7
-    await wait_until(lambda: not echo_agent.agent.sessions)
+    await wait_until(lambda: not echo_agent.agent.telephony_legs)
     caller.transport.close()  # type: ignore[union-attr]
 
 
@@ -98,7 +98,7 @@ async def flood_then_hang_up(http: aiohttp.ClientSession, running: RunningAgent,
     status, body = await open_leg(http, running, {"codec": "PCMU"})
     assert status == 201, body
     destination = destination_of(body)
-    leg = running.agent.sessions[body["call_id"]]
+    leg = running.agent.telephony_legs[body["call_id"]]
     assert isinstance(leg, RtpLeg)
     protocol = leg.socket.get_protocol()
     peak = await flood_peak_bytes(leg, caller, destination)
@@ -111,7 +111,7 @@ async def flood_then_hang_up(http: aiohttp.ClientSession, running: RunningAgent,
     await wait_until(lambda: leg.jitter.stats.received == 1)
     async with http.delete(f"{running.url}{RTP_PATH}/{body['call_id']}") as response:
         assert response.status == 200
-    await wait_until(lambda: not running.agent.sessions)
+    await wait_until(lambda: not running.agent.telephony_legs)
     assert leg.jitter.held == 0 and leg.jitter.held_bytes == 0
     return weakref.ref(leg), protocol
 

@@ -47,7 +47,7 @@ async def test_reflection_targets_are_refused_before_a_port_is_bound(
             leg = await r.json()
         async with http.delete(f"{echo_agent.url}{RTP_PATH}/{leg['call_id']}") as r:
             assert r.status == 200
-    assert not echo_agent.agent.sessions
+    assert not echo_agent.agent.telephony_legs
 
 
 async def test_a_latching_leg_ignores_sources_outside_the_allow_list(
@@ -73,7 +73,7 @@ async def test_a_latching_leg_ignores_sources_outside_the_allow_list(
                                         timestamp=sequence * 160, ssrc=7,
                                         payload=b"\xff" * 160).serialize(), (host, int(port)))
                 await asyncio.sleep(0.02)
-            session = running.agent.sessions[leg["call_id"]]
+            session = running.agent.telephony_legs[leg["call_id"]]
             await wait_until(lambda: session.stats()["packets_refused"] == 10)
             await asyncio.sleep(0.3)  # 15 ticks in which a latched leg would have answered
             url = f"{running.url}{RTP_PATH}/{leg['call_id']}"

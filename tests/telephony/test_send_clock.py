@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from agent.pacer import Pacer
+from agent.audio.pacer import Pacer
 from agent.telephony.send_clock import SendClock
 from agent.testing.clock import FakeClock
 

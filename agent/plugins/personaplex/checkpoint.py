@@ -13,7 +13,7 @@ from typing import Any
 import safetensors
 import torch
 
-from ..base import PluginError
+from agent.plugins.base import PluginError
 
 CONFIG_NAME = "config.json"
 DEFAULT_LM_NAME = "model.safetensors"

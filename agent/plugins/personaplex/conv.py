@@ -25,7 +25,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from .streaming import StreamingModule
+from agent.plugins.personaplex.streaming import StreamingModule
 
 PAD_MODES = ("constant", "replicate")
 # On CPU, oneDNN picks slow kernels for convs with only a few output steps (Mimi's 512->1024

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .transformer import StreamingTransformer, make_norm
+from agent.plugins.personaplex.transformer import StreamingTransformer, make_norm
 
 ZERO_TOKEN_ID = -1  # an input position that contributes no embedding at all
 

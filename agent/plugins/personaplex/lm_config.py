@@ -18,8 +18,8 @@ from typing import Any
 import torch
 from safetensors import safe_open
 
-from .lm import LMModel, agent_codebooks
-from .transformer import split_fused_attention
+from agent.plugins.personaplex.lm import LMModel, agent_codebooks
+from agent.plugins.personaplex.transformer import split_fused_attention
 
 CONFIG_NAME = "config.json"
 DEFAULT_MOSHI_NAME = "model.safetensors"
@@ -260,8 +260,8 @@ class LMMemoryEstimate:
 def estimate_lm_memory(info: CheckpointInfo, dtype: torch.dtype = torch.bfloat16) -> LMMemoryEstimate:
     """Exact sizes from a weightless (meta device) build: parameters in `dtype`, and every
     streaming tensor of one slot (KV caches of `context` frames, token ring, positions)."""
-    from . import streaming
-    from .lm_stepper import LMStepper
+    from agent.plugins.personaplex import streaming
+    from agent.plugins.personaplex.lm_stepper import LMStepper
 
     with torch.device("meta"):
         model = build_lm(info, device="meta", dtype=dtype)

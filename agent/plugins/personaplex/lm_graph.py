@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import torch
 
-from .lm_stepper import NOT_FORCED, LMStepOutput, LMStepper
-from .sampling import SamplingConfig
+from agent.plugins.personaplex.lm_stepper import NOT_FORCED, LMStepOutput, LMStepper
+from agent.plugins.personaplex.sampling import SamplingConfig
 
 
 class GraphedLMStep:

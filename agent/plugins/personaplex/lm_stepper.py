@@ -35,9 +35,9 @@ from dataclasses import dataclass
 
 import torch
 
-from . import streaming
-from .lm import LMModel
-from .sampling import SamplingConfig, choose_tokens
+from agent.plugins.personaplex import streaming
+from agent.plugins.personaplex.lm import LMModel
+from agent.plugins.personaplex.sampling import SamplingConfig, choose_tokens
 
 NOT_FORCED = -1
 UNGENERATED = -2

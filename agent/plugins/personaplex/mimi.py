@@ -27,12 +27,12 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor, nn
 
-from .conv import StreamingConv1d, StreamingConvTranspose1d, pad_to_whole_frames
-from .quantizer import SplitResidualVectorQuantizer
-from .seanet import SEANetDecoder, SEANetEncoder
+from agent.plugins.personaplex.conv import StreamingConv1d, StreamingConvTranspose1d, pad_to_whole_frames
+from agent.plugins.personaplex.quantizer import SplitResidualVectorQuantizer
+from agent.plugins.personaplex.seanet import SEANetDecoder, SEANetEncoder
 
 if TYPE_CHECKING:
-    from .mimi_config import MimiConfig
+    from agent.plugins.personaplex.mimi_config import MimiConfig
 
 
 class ConvDownsample1d(nn.Module):
@@ -202,6 +202,6 @@ def load_mimi(
     num_codebooks: int,
 ) -> MimiModel:
     """See `mimi_config.load_mimi`; here too because callers look for it next to the model."""
-    from .mimi_config import load_mimi as load
+    from agent.plugins.personaplex.mimi_config import load_mimi as load
 
     return load(path, mimi_config, device, dtype, num_codebooks)

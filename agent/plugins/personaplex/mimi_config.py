@@ -24,12 +24,12 @@ from typing import Any
 import torch
 from safetensors import safe_open
 
-from .conv import fold_weight_norm
-from ...errors import AgentError
-from .mimi import MimiModel
-from .quantizer import SplitResidualVectorQuantizer, rename_legacy_codebook_keys
-from .seanet import SEANetDecoder, SEANetEncoder
-from .transformer import split_fused_attention
+from agent.plugins.personaplex.conv import fold_weight_norm
+from agent.errors import AgentError
+from agent.plugins.personaplex.mimi import MimiModel
+from agent.plugins.personaplex.quantizer import SplitResidualVectorQuantizer, rename_legacy_codebook_keys
+from agent.plugins.personaplex.seanet import SEANetDecoder, SEANetEncoder
+from agent.plugins.personaplex.transformer import split_fused_attention
 
 SAMPLE_RATE = 24000
 FRAME_RATE = 12.5
@@ -172,7 +172,7 @@ def read_mimi_config(path: str | Path) -> MimiConfig:
 
 
 def _build_transformer(kwargs: dict[str, Any], device: torch.device | str, dtype: torch.dtype) -> torch.nn.Module:
-    from .transformer import ProjectedTransformer
+    from agent.plugins.personaplex.transformer import ProjectedTransformer
 
     return ProjectedTransformer(device=device, dtype=dtype, **kwargs)
 

@@ -20,8 +20,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .mimi import MimiModel
-from .streaming import StreamingModule, streaming_modules
+from agent.plugins.personaplex.mimi import MimiModel
+from agent.plugins.personaplex.streaming import StreamingModule, streaming_modules
 
 StateTensors = list[torch.Tensor]
 

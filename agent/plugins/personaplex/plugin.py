@@ -24,7 +24,7 @@ import numpy as np
 import torch
 from safetensors import SafetensorError
 
-from ..base import (
+from agent.plugins.base import (
     check_extra_body,
     Capabilities,
     Plugin,
@@ -36,13 +36,13 @@ from ..base import (
     SessionConfig,
     StepOutput,
 )
-from . import checkpoint, lm_config, mimi_config, policy
-from .prompt import (
+from agent.plugins.personaplex import checkpoint, lm_config, mimi_config, policy
+from agent.plugins.personaplex.prompt import (
     PromptCache, PromptKey, PromptPlan, VoicePrompt, check_voice_prompt, detached_copy, persona_tokens,
 )
-from .voice_audio import UploadedVoices, VoiceAudioError, encode_voice, read_voice_audio
-from .sampling import SamplingConfig
-from .stepper import BatchedStepper, FrameResult, SlotHandle
+from agent.plugins.personaplex.voice_audio import UploadedVoices, VoiceAudioError, encode_voice, read_voice_audio
+from agent.plugins.personaplex.sampling import SamplingConfig
+from agent.plugins.personaplex.stepper import BatchedStepper, FrameResult, SlotHandle
 
 log = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ..base import PluginError
+from agent.plugins.base import PluginError
 
 DEFAULT_VOICE = "NATF2.pt"
 DEFAULT_PERSONA = (

@@ -36,12 +36,12 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from . import streaming
-from .lm import LMModel
-from .lm_graph import GraphedLMStep
-from .lm_stepper import NOT_FORCED, LMStepper
-from .policy import wrap_persona
-from .stepper import GREEDY
+from agent.plugins.personaplex import streaming
+from agent.plugins.personaplex.lm import LMModel
+from agent.plugins.personaplex.lm_graph import GraphedLMStep
+from agent.plugins.personaplex.lm_stepper import NOT_FORCED, LMStepper
+from agent.plugins.personaplex.policy import wrap_persona
+from agent.plugins.personaplex.stepper import GREEDY
 
 SILENCE_TOKENS = (948, 243, 1178, 546, 1736, 1030, 1978, 2008)
 SINE_TOKENS = (430, 1268, 381, 1611, 1095, 1495, 56, 472)

@@ -12,7 +12,7 @@ from typing import Any
 
 from torch import Tensor, nn
 
-from .conv import StreamingConv1d, StreamingConvTranspose1d
+from agent.plugins.personaplex.conv import StreamingConv1d, StreamingConvTranspose1d
 
 NORMS = ("none", "weight_norm")
 

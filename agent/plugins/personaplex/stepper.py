@@ -29,13 +29,13 @@ import numpy as np
 import torch
 from torch import nn
 
-from . import streaming
-from .lm import LMModel
-from .lm_graph import GraphedLMStep
-from .lm_stepper import LMStepOutput, LMStepper
-from .mimi import MimiModel
-from .mimi_graph import GraphedMimi
-from .sampling import SamplingConfig
+from agent.plugins.personaplex import streaming
+from agent.plugins.personaplex.lm import LMModel
+from agent.plugins.personaplex.lm_graph import GraphedLMStep
+from agent.plugins.personaplex.lm_stepper import LMStepOutput, LMStepper
+from agent.plugins.personaplex.mimi import MimiModel
+from agent.plugins.personaplex.mimi_graph import GraphedMimi
+from agent.plugins.personaplex.sampling import SamplingConfig
 
 GREEDY = SamplingConfig()
 

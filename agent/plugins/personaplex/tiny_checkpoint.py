@@ -216,7 +216,7 @@ def write_checkpoint(
     out_dir: str | Path, size: str = "tiny", layout: str = "personaplex", seed: int = 0
 ) -> Path:
     """Write the directory and return its path. Deterministic for a given (size, layout, seed)."""
-    from . import lm_config, mimi_config
+    from agent.plugins.personaplex import lm_config, mimi_config
 
     if size not in SIZES:
         raise ValueError(f"unknown size {size!r}; choose from {sorted(SIZES)}")

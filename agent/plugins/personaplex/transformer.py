@@ -22,7 +22,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from .streaming import StreamingModule
+from agent.plugins.personaplex.streaming import StreamingModule
 
 Activation = Callable[[torch.Tensor], torch.Tensor]
 

@@ -21,8 +21,8 @@ import sphn
 import torch
 from torch import nn
 
-from ...errors import AgentError
-from . import streaming
+from agent.errors import AgentError
+from agent.plugins.personaplex import streaming
 
 TARGET_LUFS = -24.0
 MAX_VOICE_SECONDS = 60.0  # the released voice prompts are a few seconds long

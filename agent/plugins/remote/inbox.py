@@ -9,7 +9,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from ..base import PluginError
+from agent.plugins.base import PluginError
 
 AudioSink = Callable[[Any, float], None]  # (payload, arrived_at), on the ticker thread
 

@@ -21,15 +21,15 @@ from typing import Any
 import aiohttp
 import numpy as np
 
-from ..base import StepOutput
-from .inbox import LinkInbox
-from .latency import LinkLatency
-from .link_socket import LinkSocket
-from .link_types import (
+from agent.plugins.base import StepOutput
+from agent.plugins.remote.inbox import LinkInbox
+from agent.plugins.remote.latency import LinkLatency
+from agent.plugins.remote.link_socket import LinkSocket
+from agent.plugins.remote.link_types import (
     LinkRequest, LinkSettings, Outgoing, Payload, PoolEffect, UpstreamError, protocol_error,
 )
-from .pool import Lease
-from .reframe import Reframer
+from agent.plugins.remote.pool import Lease
+from agent.plugins.remote.reframe import Reframer
 
 log = logging.getLogger(__name__)
 

@@ -16,8 +16,8 @@ from typing import Any
 import aiohttp
 from yarl import URL
 
-from .latency import LinkLatency
-from .link_types import MAX_MESSAGE_BYTES, LinkSettings, Outgoing, UpstreamError
+from agent.plugins.remote.latency import LinkLatency
+from agent.plugins.remote.link_types import MAX_MESSAGE_BYTES, LinkSettings, Outgoing, UpstreamError
 
 log = logging.getLogger(__name__)
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from ...redact import redact_text
-from ..base import PluginError
+from agent.logs.redact import redact_text
+from agent.plugins.base import PluginError
 
 PoolEffect = Literal["failed", "full", "warming"] | None
 Payload = str | bytes

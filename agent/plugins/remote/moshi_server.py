@@ -33,10 +33,10 @@ import numpy as np
 import sphn
 from yarl import URL
 
-from ..base import PluginError, PluginFlag, PluginOptions, SessionConfig
-from ..personaplex.policy import DEFAULT_PERSONA, DEFAULT_VOICE
-from .link import LinkRequest, UpstreamError, UpstreamLink, protocol_error
-from .plugin import RemotePlugin
+from agent.plugins.base import PluginError, PluginFlag, PluginOptions, SessionConfig
+from agent.plugins.personaplex.policy import DEFAULT_PERSONA, DEFAULT_VOICE
+from agent.plugins.remote.link import LinkRequest, UpstreamError, UpstreamLink, protocol_error
+from agent.plugins.remote.plugin import RemotePlugin
 
 log = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import secrets
 import threading
 
-from .link import UpstreamLink
+from agent.plugins.remote.link import UpstreamLink
 
 
 class ParkedLinks:

@@ -18,8 +18,8 @@ from typing import Any, ClassVar
 import aiohttp
 import numpy as np
 
-from ...log_safe import printable
-from ..base import (
+from agent.logs.log_safe import printable
+from agent.plugins.base import (
     check_extra_body,
     Capabilities,
     Plugin,
@@ -31,9 +31,9 @@ from ..base import (
     SessionConfig,
     StepOutput,
 )
-from .link import LinkRequest, LinkSettings, UpstreamError, UpstreamLink
-from .parked import ParkedLinks
-from .pool import WARMUP_SECONDS, UpstreamPool
+from agent.plugins.remote.link import LinkRequest, LinkSettings, UpstreamError, UpstreamLink
+from agent.plugins.remote.parked import ParkedLinks
+from agent.plugins.remote.pool import WARMUP_SECONDS, UpstreamPool
 
 log = logging.getLogger(__name__)
 

@@ -16,8 +16,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ...redact import redact_text, redact_url
-from ..base import PluginError
+from agent.logs.redact import redact_text, redact_url
+from agent.plugins.base import PluginError
 
 DEFAULT_BACKOFF_SECONDS = 1.0
 MAX_BACKOFF_SECONDS = 30.0

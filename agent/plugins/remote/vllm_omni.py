@@ -20,9 +20,9 @@ from typing import Any
 import aiohttp
 import numpy as np
 
-from ..base import PluginError
-from .link import LinkRequest, UpstreamError, UpstreamLink, protocol_error
-from .plugin import RemotePlugin
+from agent.plugins.base import PluginError
+from agent.plugins.remote.link import LinkRequest, UpstreamError, UpstreamLink, protocol_error
+from agent.plugins.remote.plugin import RemotePlugin
 
 log = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from .errors import AgentError
+from agent.errors import AgentError
 
 MAX_DEPTH = 32
 

@@ -15,19 +15,19 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .client_inbox import ClientEventInbox, RawEvent
-from .errors import AgentError
-from .events import (
+from agent.realtime.client_inbox import ClientEventInbox, RawEvent
+from agent.errors import AgentError
+from agent.realtime.events import (
     MAX_CLIENT_EVENT_BYTES,
     EventChannel, Send, error_event, error_event_from, parse_client_event, peek_event_id,
     server_event,
 )
-from .plugins.base import StepOutput
-from .realtime_session import session_config_from_realtime
-from .recording import take_record_option
+from agent.plugins.base import StepOutput
+from agent.realtime.session_config import session_config_from_realtime
+from agent.recording import take_record_option
 
 if TYPE_CHECKING:
-    from .leg import Leg
+    from agent.leg import Leg
 
 log = logging.getLogger(__name__)
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 
-from .clock import Clock, MonotonicClock
-from .rate_limit import TokenBucket
+from agent.audio.clock import Clock, MonotonicClock
+from agent.realtime.rate_limit import TokenBucket
 
 RawEvent = str | bytes
 REPORT_INTERVAL = 1.0  # at most one refusal report a second: refusals must not amplify a flood

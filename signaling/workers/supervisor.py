@@ -39,7 +39,7 @@ from pathlib import Path
 
 from agent.cli_errors import exit_with_error
 
-log = logging.getLogger("signaling.supervisor")
+log = logging.getLogger("signaling.workers.supervisor")
 
 READY_TIMEOUT = 300.0  # a worker loads its plugin before it listens
 CHANNEL_SECRET_ENV = "AGENT_WORKER_CHANNEL_SECRET"  # read (and removed) by each worker

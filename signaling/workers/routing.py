@@ -8,7 +8,7 @@ unchanged. A new call goes to the least loaded worker: one over HTTP is re-poste
 media-stream websocket is handed there as the connection itself (worker_handoff.py). Views
 of the whole server — `/health`, `/metrics`, `/metrics/calls` — ask every worker and add up
 what they say; `POST /admin/drain` drains every worker. Workers talk over
-the unix sockets in the worker folder (worker_channel.py: the channel's own framing, one
+the unix sockets in the worker folder (channel.py: the channel's own framing, one
 connection per request, and a signed mark that counts only on that socket); a request that
 arrives that way is handled where it lands.
 
@@ -33,20 +33,22 @@ from agent.errors import AgentError
 from agent.media_agent import ON_PLACED
 from agent.worker_tag import ID_TOKEN_CHARS, worker_of
 
-from . import worker_channel, worker_limits
-from .auth import (AUTH_SETTINGS_KEY, SECRET_PREFIX, SECRET_TOKEN_CHARS, authenticate,
+from signaling.workers import channel
+
+from signaling.workers import limits
+from signaling.auth import (AUTH_SETTINGS_KEY, SECRET_PREFIX, SECRET_TOKEN_CHARS, authenticate,
                    bearer_token, is_public)
-from .address_limit import mark_authenticated
-from .cors import with_cors_headers
-from .errors import ApiError, error_response, json_error
-from .keys import AGENT_KEY
-from .realtime import CALLS_PATH
-from .slow_clients import read_body_in_time
-from .supervisor import worker_socket_path
-from .telephony import RTP_PATH, TELEPHONY_KEY, with_url_token
-from .worker_channel import ask, carries_body, forwarded_by, from_a_worker, response_from
-from .worker_load import WorkerLoads
-from .worker_views import merge_calls, merge_health, merge_metrics
+from signaling.address_limit import mark_authenticated
+from signaling.cors import with_cors_headers
+from signaling.errors import ApiError, error_response, json_error
+from signaling.keys import AGENT_KEY
+from signaling.calls import CALLS_PATH
+from signaling.slow_clients import read_body_in_time
+from signaling.workers.supervisor import worker_socket_path
+from signaling.telephony import RTP_PATH, TELEPHONY_KEY, with_url_token
+from signaling.workers.channel import ask, carries_body, forwarded_by, from_a_worker, response_from
+from signaling.workers.load import WorkerLoads
+from signaling.workers.views import merge_calls, merge_health, merge_metrics
 
 OWNED_PATHS = (re.compile(rf"^{CALLS_PATH}/([^/]+)(?:/hangup)?$"),
                re.compile(rf"^{RTP_PATH}/([^/]+)$"))
@@ -72,7 +74,7 @@ class WorkerGroup:
     index: int
     count: int
     folder: Path
-    secret: bytes = field(repr=False)  # the channel's (worker_channel.py), per server start
+    secret: bytes = field(repr=False)  # the channel's (channel.py), per server start
 
     def socket_path(self, index: int) -> Path:
         return worker_socket_path(self.folder, index)
@@ -326,7 +328,7 @@ async def _publish_load(app: web.Application) -> None:
     """Refresh this worker's counts as calls end and secrets expire (no request says so)."""
     while True:
         app[LOADS_KEY].publish()
-        worker_limits.refresh(app)
+        limits.refresh(app)
         await asyncio.sleep(LOAD_REFRESH_S)
 
 
@@ -341,8 +343,8 @@ def install(app: web.Application, group: WorkerGroup) -> None:
     """Route by owner before CORS, auth and limits, which the owner applies (outside the
     CORS middleware, so a relayed answer carries the owner's CORS headers only)."""
     app[WORKERS_KEY] = group
-    worker_channel.install(app, worker_channel.Channel(group.index, group.folder, group.secret))
-    worker_limits.install(app, group.folder, group.index, group.count)
+    channel.install(app, channel.Channel(group.index, group.folder, group.secret))
+    limits.install(app, group.folder, group.index, group.count)
     app[LOADS_KEY] = WorkerLoads(group.folder, group.index, group.count,
                                  held=lambda: app[AGENT_KEY].legs.held_slots)
     app.middlewares.insert(0, worker_routing_middleware)

@@ -28,10 +28,10 @@ from pathlib import Path
 
 from aiohttp import web
 
-from . import slow_clients
-from .serving import SERVER_HOOK_KEY
-from .worker_load import WorkerLoads
-from .worker_routing import HANDOFF_KEY, LOADS_KEY, WORKERS_KEY, Handoff
+from signaling import slow_clients
+from signaling.serving import SERVER_HOOK_KEY
+from signaling.workers.load import WorkerLoads
+from signaling.workers.routing import HANDOFF_KEY, LOADS_KEY, WORKERS_KEY, Handoff
 
 log = logging.getLogger(__name__)
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import re
 
-from .clock import Clock, MonotonicClock
+from agent.audio.clock import Clock, MonotonicClock
 
 MAX_LOGGED_CHARS = 200
 # C0 controls, DEL, C1 controls, line/paragraph separators, bidi embeddings/overrides/isolates.

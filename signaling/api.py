@@ -21,8 +21,10 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from . import auth, cors, ice, models, realtime
-from .auth import AuthSettings
+from signaling import auth, cors, ice, models
+
+from signaling import calls
+from signaling.auth import AuthSettings
 
 
 def install(app: web.Application, *, auth_settings: AuthSettings | None = None,
@@ -33,6 +35,6 @@ def install(app: web.Application, *, auth_settings: AuthSettings | None = None,
     auth_settings = auth_settings or AuthSettings()
     cors.setup(app, cors_origins, open_server=auth_settings.open)
     auth.setup(app, auth_settings)
-    realtime.add_routes(app)
+    calls.add_routes(app)
     ice.add_routes(app)
     models.add_routes(app)

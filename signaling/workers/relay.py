@@ -17,10 +17,10 @@ import aiohttp
 from aiohttp import WSMsgType, web
 from yarl import URL
 
-from .errors import ApiError
-from .telephony import OVERFLOW_KEY
-from .worker_channel import forwarded_headers, from_a_worker
-from .worker_routing import WORKERS_KEY
+from signaling.errors import ApiError
+from signaling.telephony import OVERFLOW_KEY
+from signaling.workers.channel import forwarded_headers, from_a_worker
+from signaling.workers.routing import WORKERS_KEY
 
 log = logging.getLogger(__name__)
 

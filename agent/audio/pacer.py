@@ -7,7 +7,7 @@ suspended process) the pacer re-anchors instead of bursting the missed packets o
 
 from __future__ import annotations
 
-from .clock import Clock
+from agent.audio.clock import Clock
 
 # A packet released this long after the one before leaves a hole in the audio at the
 # receiver: the capacity benchmark's timing criterion (60 ms), seen from the sender.

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from aiortc import RTCIceCandidate, RTCPeerConnection
 from aiortc.sdp import candidate_from_sdp
 
-from .errors import AgentError
+from agent.errors import AgentError
 
 MAX_CANDIDATES = 64
 

@@ -17,17 +17,17 @@ from typing import Any
 
 from aiohttp import web
 
-from agent import client_json
+from agent.realtime import client_json
 from agent.media_agent import MediaAgent
 from agent.plugins.base import SessionConfig
-from agent.realtime_session import session_config_from_realtime
-from agent.sdp import MAX_SDP_BYTES
-from agent.trickle import apply_sdpfrag, parse_sdpfrag
+from agent.realtime.session_config import session_config_from_realtime
+from agent.webrtc.sdp import MAX_SDP_BYTES
+from agent.webrtc.trickle import apply_sdpfrag, parse_sdpfrag
 
-from .auth import Principal, principal_of, secret_session
-from .errors import ApiError
-from .ice import link_headers
-from .keys import AGENT_KEY
+from signaling.auth import Principal, principal_of, secret_session
+from signaling.errors import ApiError
+from signaling.ice import link_headers
+from signaling.keys import AGENT_KEY
 
 CALLS_PATH = "/v1/realtime/calls"
 SDP_TYPE = "application/sdp"
@@ -223,7 +223,7 @@ async def get_call(request: web.Request) -> web.Response:
     resource = request.app[RESOURCES_KEY].lookup(
         request.match_info["call_id"], principal_of(request)
     )
-    call = request.app[AGENT_KEY].calls.get(resource.call_id)
+    call = request.app[AGENT_KEY].webrtc_legs.get(resource.call_id)
     if call is None:
         raise ApiError("call_not_found", "no such call", param="call_id", status=404)
     return web.json_response(
@@ -256,7 +256,7 @@ async def patch_call(request: web.Request) -> web.Response:
     if media_type(request) != TRICKLE_TYPE:
         raise ApiError("unsupported_media_type", f"trickle candidates as {TRICKLE_TYPE}", status=415)
     body = decode_text(await read_limited(request, MAX_SDP_BYTES, "the SDP fragment"), "sdp")
-    call = request.app[AGENT_KEY].calls.get(resource.call_id)
+    call = request.app[AGENT_KEY].webrtc_legs.get(resource.call_id)
     if call is None:
         raise ApiError("call_not_found", "no such call", param="call_id", status=404)
     await apply_sdpfrag(call.pc, parse_sdpfrag(body))  # TrickleError is a coded 4xx

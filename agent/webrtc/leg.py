@@ -3,7 +3,7 @@
 Follow one frame: the remote track's decoded audio → `Leg.assembler` (resample to the
 plugin's rate) → the plugin slot → the ticker's batched step → `Leg.on_output` →
 `PlayoutBuffer` → `AgentAudioTrack.recv` (paced 20 ms) → the peer. Session events travel
-on the `oai-events` data channel (realtime_protocol.py).
+on the `oai-events` data channel (agent/realtime/protocol.py).
 """
 
 from __future__ import annotations
@@ -16,24 +16,24 @@ import numpy as np
 from aiortc import RTCDataChannel, RTCPeerConnection, RTCRtpSender, RTCSessionDescription
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
-from . import rtc_tuning
-from .call_settings import CallSettings
-from .encoding import supports_inline
-from .errors import CallError
-from .events import error_event
-from .leg import Leg, playout_stats
-from .outbound import AgentAudioTrack
-from .plugins.base import Plugin, StepOutput
-from .realtime_protocol import RealtimeProtocol
-from .rtc_tuning import InlineAudioDecoding
-from .rtc_tuning.sctp_limit import OVERSIZED_EVENT
-from .sdp import with_explicit_directions
-from .ticker import Ticker
-from .worker_tag import ID_TOKEN_BYTES, tagged_token
+from agent import rtc_tuning
+from agent.call_settings import CallSettings
+from agent.webrtc.encoding import supports_inline
+from agent.errors import CallError
+from agent.realtime.events import error_event
+from agent.leg import Leg, playout_stats
+from agent.webrtc.outbound import AgentAudioTrack
+from agent.plugins.base import Plugin, StepOutput
+from agent.realtime.protocol import RealtimeProtocol
+from agent.rtc_tuning import InlineAudioDecoding
+from agent.rtc_tuning.sctp_limit import OVERSIZED_EVENT
+from agent.webrtc.sdp import with_explicit_directions
+from agent.ticker import Ticker
+from agent.worker_tag import ID_TOKEN_BYTES, tagged_token
 
 if TYPE_CHECKING:
-    from .leg_registry import LegRegistry
-    from .media_agent import AgentSettings
+    from agent.leg_registry import LegRegistry
+    from agent.media_agent import AgentSettings
 
 log = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .errors import CallError
+from agent.errors import CallError
 
 MAX_SDP_BYTES = 64 * 1024
 DIRECTIONS = ("sendrecv", "sendonly", "recvonly", "inactive")

@@ -6,7 +6,7 @@ without its call id and `key=value` pairs, e.g. "call end"), `fields` (those pai
 
 The call id comes, in order, from `extra={"call_id": ...}`, from the task that logged (a
 call's or leg's tasks are named `<call id>:<job>`, see task_owner.py), or from an id in the
-message itself. Redaction (agent.redact) runs as a handler filter before this formatter.
+message itself. Redaction (agent.logs.redact) runs as a handler filter before this formatter.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import re
 import time
 from typing import Any
 
-from .worker_tag import ID_TOKEN_CHARS
+from agent.worker_tag import ID_TOKEN_CHARS
 
 # new_call_id() and TelephonyLeg ids: a kind prefix and an ID_TOKEN_CHARS-long token.
 CALL_ID = re.compile(rf"\b((?:call|rtp|media_stream)_[A-Za-z0-9_-]{{{ID_TOKEN_CHARS}}})"

@@ -19,7 +19,7 @@ import re
 from collections.abc import Iterable
 from urllib.parse import quote, unquote
 
-from .log_safe import printable
+from agent.logs.log_safe import printable
 
 MASK = "***"
 # Parameter names whose values are secrets, compared after lowercasing and dropping - and _.

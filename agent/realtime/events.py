@@ -8,8 +8,8 @@ import secrets
 from collections.abc import Callable
 from typing import Any
 
-from . import client_json
-from .errors import AgentError
+from agent.realtime import client_json
+from agent.errors import AgentError
 
 log = logging.getLogger(__name__)
 

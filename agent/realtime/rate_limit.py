@@ -3,7 +3,7 @@ cannot fill the shared model worker with restarts and keypad digits ahead of eve
 
 from __future__ import annotations
 
-from .clock import Clock, MonotonicClock
+from agent.audio.clock import Clock, MonotonicClock
 
 
 class TokenBucket:

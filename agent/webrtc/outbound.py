@@ -14,10 +14,10 @@ import av
 import numpy as np
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
-from .clock import Clock, MonotonicClock
-from .encoding import OPUS_COMPLEXITY, PTIME, InlineAudioEncoder
-from .pacer import Pacer
-from .playout import PlayoutBuffer
+from agent.audio.clock import Clock, MonotonicClock
+from agent.webrtc.encoding import OPUS_COMPLEXITY, PTIME, InlineAudioEncoder
+from agent.audio.pacer import Pacer
+from agent.audio.playout import PlayoutBuffer
 
 
 def float_to_s16(samples: np.ndarray) -> np.ndarray:

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from .pacer import Pacer
-from .sample_fifo import SampleFifo
-from .standing_backlog import StandingBacklog
+from agent.audio.pacer import Pacer
+from agent.audio.sample_fifo import SampleFifo
+from agent.audio.standing_backlog import StandingBacklog
 
 TRIM_WINDOW_PUSHES = 25  # 2 s of 80 ms outputs
 TRIM_HOLD_PUSHES = 125  # 10 s with a cushion after an underrun

@@ -34,7 +34,7 @@ from aiohttp import web
 from multidict import CIMultiDict
 from yarl import URL
 
-from .supervisor import CHANNEL_SECRET_ENV, worker_socket_path
+from signaling.workers.supervisor import CHANNEL_SECRET_ENV, worker_socket_path
 
 SECRET_ENV = CHANNEL_SECRET_ENV
 FORWARDED_HEADER = "X-Agent-Worker-Forwarded"

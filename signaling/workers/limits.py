@@ -14,10 +14,10 @@ from pathlib import Path
 
 from aiohttp import web
 
-from . import address_limit
-from .auth import SECRETS_KEY
-from .keys import AGENT_KEY
-from .worker_tally import SharedTally, key_of
+from signaling import address_limit
+from signaling.auth import SECRETS_KEY
+from signaling.keys import AGENT_KEY
+from signaling.workers.tally import SharedTally, key_of
 
 CALLS = key_of("calls")
 ADDRESS_SLOTS = 16384  # addresses one worker holds unauthenticated connections of at once

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .plugins.base import PluginError, SessionConfig
+from agent.plugins.base import PluginError, SessionConfig
 
 
 def _invalid(param: str, what: str) -> PluginError:

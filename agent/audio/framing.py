@@ -14,7 +14,7 @@ from __future__ import annotations
 import av
 import numpy as np
 
-from .polyphase import PolyphaseResampler, supported
+from agent.audio.polyphase import PolyphaseResampler, supported
 
 _LAYOUTS = {1: "mono", 2: "stereo"}
 
