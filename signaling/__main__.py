@@ -59,8 +59,8 @@ def _opus_complexity(text: str) -> int:
     return value
 
 
-# Real-time Opus echo calls one core held with room to spare when last measured (README,
-# capacity; 48 held on a quiet core, 12 with another busy process beside it): a default that
+# Real-time Opus echo calls per core, with room to spare: one core held 80 when quiet and 32
+# with a busy loop on the same core (docs/benchmarks.md, capacity, 2026-12-04). A default that
 # keeps an unconfigured server from taking calls it cannot serve in real time.
 CALLS_PER_CORE = 24
 

@@ -21,7 +21,8 @@ def json_error(
 
 
 async def read_json_object(request: web.Request) -> dict[str, Any]:
-    """The request body as a JSON object, or a coded 4xx raised as web.HTTPException."""
+    """The request body as a JSON object; a coded `ApiError` (415 wrong type, 400 not a JSON
+    object) otherwise, and aiohttp's 413 past the body limit."""
     if request.content_type != "application/json":
         # text/plain and forms are CORS "simple requests" a foreign page can send without
         # a preflight; refusing them keeps JSON routes out of reach of such pages.
