@@ -16,9 +16,9 @@ import asyncio
 import logging
 import time
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -33,9 +33,6 @@ from agent.recording import CallRecorder, recorder_for, take_record_option
 from agent.task_owner import TaskOwner
 from agent.ticker import PluginSlot, Ticker
 from agent.watchdog import MAX_CALL_SECONDS, Watchdog
-
-if TYPE_CHECKING:
-    from agent.leg_registry import LegRegistry
 
 log = logging.getLogger(__name__)
 
@@ -70,12 +67,14 @@ class Leg:
     transport: ClassVar[str] = "leg"  # the metrics label: webrtc, media-stream, rtp
 
     def __init__(self, leg_id: str, plugin: Plugin, ticker: Ticker, settings: CallSettings,
-                 registry: LegRegistry) -> None:
+                 on_closed: Callable[[Leg], None]) -> None:
+        """`on_closed` is told once the teardown is done (the agent's registry forgets the
+        leg there)."""
         self.id = leg_id
         self.plugin = plugin
         self.ticker = ticker
         self.settings = settings
-        self.registry = registry
+        self._on_closed = on_closed
         self.capabilities = plugin.capabilities()
         rate = self.capabilities.sample_rate
         self.playout = PlayoutBuffer(int(rate * settings.playout_capacity_seconds))
@@ -181,7 +180,7 @@ class Leg:
             log.warning("%s: closing the transport: %r", self.id, exc)
         self.assembler.close()
         self.closed.set()
-        self.registry.discard(self)
+        self._on_closed(self)
 
     async def close_transport(self, reason: str) -> None:
         """Release the transport's sockets and codecs; transports override."""

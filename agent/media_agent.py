@@ -13,6 +13,7 @@ from typing import Any, NoReturn, Protocol
 import aiortc
 from aiortc import RTCConfiguration, RTCIceServer, RTCPeerConnection
 
+from agent.audio.send_clock import SendClock
 from agent.call_settings import CallSettings
 from agent.webrtc.encoding import OPUS_COMPLEXITY
 from agent.errors import CallError
@@ -23,9 +24,9 @@ from agent.rtc_tuning import AUDIO_CODECS, accept_rsa_dtls_peers, missing_intern
 from agent.rtc_tuning.sctp_limit import limit_data_channel_messages
 from agent.webrtc.sdp import check_offer_sdp
 from agent.metrics import AgentMetrics
-from agent.telephony.send_clock import SendClock
 from agent.ticker import Ticker
 from agent.webrtc.leg import WebRtcLeg, new_call_id
+from agent.webrtc.settings import WebRtcSettings
 
 # Whoever counted a new leg as on its way (a server of several workers) is told here once it
 # holds a slot, and stops counting it then: it is counted as held from then on.
@@ -52,6 +53,9 @@ class SharedCapacity(Protocol):
 
 @dataclass
 class AgentSettings:
+    """The agent's settings: agent-wide ones (`max_calls`, `call`) beside the WebRTC
+    transport's, which it takes as `webrtc`."""
+
     ice_servers: list[RTCIceServer] = field(default_factory=list)
     jitter_prefetch_packets: int = 1
     codecs: tuple[str, ...] = AUDIO_CODECS  # every codec aiortc negotiates, Opus first
@@ -60,6 +64,18 @@ class AgentSettings:
     opus_complexity: int = OPUS_COMPLEXITY  # --opus-complexity: encoder CPU against quality
     inline_decoding: bool = True
     call: CallSettings = field(default_factory=CallSettings)
+
+    @property
+    def webrtc(self) -> WebRtcSettings:
+        """What the WebRTC transport takes, read from the fields above when a call is set up."""
+        return WebRtcSettings(
+            ice_servers=tuple(self.ice_servers),
+            jitter_prefetch_packets=self.jitter_prefetch_packets,
+            codecs=tuple(self.codecs),
+            inline_encoding=self.inline_encoding,
+            opus_complexity=self.opus_complexity,
+            inline_decoding=self.inline_decoding,
+        )
 
 
 class MediaAgent:
@@ -148,12 +164,13 @@ class MediaAgent:
     async def _create_call(self, sdp: str, session: SessionConfig) -> tuple[WebRtcLeg, str]:
         # The plugin sees the config first: a refused voice costs no peer connection.
         prepared = await prepare_config(self.plugin, session)
-        pc = RTCPeerConnection(RTCConfiguration(iceServers=list(self.settings.ice_servers)))
+        webrtc = self.settings.webrtc
+        pc = RTCPeerConnection(RTCConfiguration(iceServers=list(webrtc.ice_servers)))
         call = WebRtcLeg(new_call_id(), pc, self.plugin, self.ticker, self.settings.call,
-                         self.legs)
+                         self.legs.discard)
         try:
             try:
-                await call.accept_offer(sdp, self.settings)
+                await call.accept_offer(sdp, webrtc)
             except BaseException:
                 self.plugin.discard_runtime_config(prepared.runtime_config)
                 raise

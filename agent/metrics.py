@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections import Counter as TallyCounter
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import (
@@ -25,13 +25,25 @@ from prometheus_client.registry import Collector
 from agent.leg import media_counts
 
 if TYPE_CHECKING:
-    from agent.media_agent import MediaAgent
+    from agent.leg_registry import LegRegistry
+    from agent.plugins.base import Plugin
+    from agent.ticker import Ticker
 
 # 80 ms frames: buckets from well under a frame to several frames.
 STEP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.12, 0.2, 0.5)
 LATENESS_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 1.0)
 LOOP_LAG_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
 GC_PAUSE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25)
+
+
+class LiveAgent(Protocol):
+    """What a scrape reads of the agent (a `MediaAgent` is one): its plugin's health, its
+    live legs and its ticker's counters."""
+
+    plugin: Plugin
+    legs: LegRegistry
+    ticker: Ticker
+
 
 class AgentMetrics:
     def __init__(self, plugin_id: str) -> None:
@@ -81,7 +93,7 @@ class AgentMetrics:
     def refused(self, code: str) -> None:
         self.refusals.labels(code).inc()
 
-    def attach(self, agent: MediaAgent) -> None:
+    def attach(self, agent: LiveAgent) -> None:
         self.registry.register(_LiveState(agent, self))
 
 
@@ -114,7 +126,7 @@ def _upstream_families(upstreams: list[dict[str, Any]]) -> Iterator[Metric]:
 class _LiveState(Collector):
     """State read from the agent at scrape time."""
 
-    def __init__(self, agent: MediaAgent, metrics: AgentMetrics) -> None:
+    def __init__(self, agent: LiveAgent, metrics: AgentMetrics) -> None:
         self.agent = agent
         self.metrics = metrics
 

@@ -32,17 +32,13 @@ from typing import Any
 import numpy as np
 from aiohttp import web
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # run as a script from anywhere
-sys.path.insert(0, str(ROOT / "tests"))
-
-from agent.media_agent import AgentSettings, MediaAgent  # noqa: E402
-from agent.testing.peer import save_wav  # noqa: E402
-from agent.plugins.echo import EchoPlugin  # noqa: E402
-from agent.rtc_tuning import limit_host_addresses  # noqa: E402
-from agent.testing.testsignal import make_test_signal, measure_echo  # noqa: E402
-from chromium_browser import launch_chromium, open_page  # noqa: E402
-from signaling.app import create_app  # noqa: E402
+from agent.media_agent import AgentSettings, MediaAgent
+from agent.testing.peer import save_wav
+from agent.plugins.echo import EchoPlugin
+from agent.rtc_tuning import limit_host_addresses
+from agent.testing.chromium import launch_chromium, open_page
+from agent.testing.testsignal import make_test_signal, measure_echo
+from signaling.app import create_app
 
 SIGNAL_SECONDS = 8.0
 PAGE_QUERY = "?echo_cancellation=0&noise_suppression=0&auto_gain=0"

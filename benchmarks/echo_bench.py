@@ -54,7 +54,7 @@ def server(kind: str, extra: list[str] | None = None, niceness: int = 0) -> Iter
                                 # one address opening a whole level of calls at once: not an attack
                                 "--max-unauthenticated-per-address", "0", *(extra or []))
     else:
-        command = [sys.executable, "benchmarks/plain_aiortc_echo.py", "--port", str(port)]
+        command = [sys.executable, "benchmarks/baseline_aiortc_echo_server.py", "--port", str(port)]
     with server_on_core0(placed(niceness=niceness) + command, port) as pid:
         SERVER_PIDS.append(pid)
         yield f"http://127.0.0.1:{port}"

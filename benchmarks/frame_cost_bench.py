@@ -13,14 +13,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import sys
 import time
-from pathlib import Path
 
 import av
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
 from agent.testing.clock import FakeClock
 from agent.audio.framing import FrameAssembler

@@ -15,14 +15,11 @@ from __future__ import annotations
 import argparse
 import gc
 import statistics
-import sys
 import time
-from pathlib import Path
 from typing import Any
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
 from agent.plugins.personaplex import streaming
 from agent.plugins.personaplex.lm import LMModel

@@ -13,17 +13,14 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 os.environ.setdefault("NO_TORCH_COMPILE", "1")  # the reference would torch.compile on first use
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
 from agent.plugins.personaplex.lm import LMModel
 from agent.plugins.personaplex.lm_config import MOSHI_7B_LM_KWARGS

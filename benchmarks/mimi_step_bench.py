@@ -13,14 +13,11 @@ from __future__ import annotations
 import argparse
 import copy
 import statistics
-import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
 from agent.plugins.personaplex.mimi_config import STANDARD_MIMI, build_mimi
 from agent.plugins.personaplex.mimi_graph import GraphedMimi

@@ -14,18 +14,15 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # run as a script from anywhere
-
-from agent.webrtc.encoding import OPUS_COMPLEXITY, PTIME  # noqa: E402
-from agent.testing.opus_quality import (  # noqa: E402
+from agent.webrtc.encoding import OPUS_COMPLEXITY, PTIME
+from agent.testing.opus_quality import (
     decode_opus_at_24k, encode_opus, read_wav_at, snr_db,
 )
 
+ROOT = Path(__file__).resolve().parents[1]
 RATE = 24000
 
 

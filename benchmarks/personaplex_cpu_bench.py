@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -26,14 +25,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from agent.plugins.personaplex import lm_config, mimi_config  # noqa: E402
-from agent.plugins.personaplex.checkpoint import inspect_checkpoint  # noqa: E402
-from agent.plugins.personaplex.policy import DEFAULT_PERSONA  # noqa: E402
-from agent.plugins.personaplex.prompt import PromptCache, PromptPlan, VoicePrompt, persona_tokens  # noqa: E402
-from agent.plugins.personaplex.stepper import BatchedStepper  # noqa: E402
-from agent.plugins.personaplex.tiny_checkpoint import write_checkpoint  # noqa: E402
+from agent.plugins.personaplex import lm_config, mimi_config
+from agent.plugins.personaplex.checkpoint import inspect_checkpoint
+from agent.plugins.personaplex.policy import DEFAULT_PERSONA
+from agent.plugins.personaplex.prompt import PromptCache, PromptPlan, VoicePrompt, persona_tokens
+from agent.plugins.personaplex.stepper import BatchedStepper
+from agent.plugins.personaplex.tiny_checkpoint import write_checkpoint
 
 FRAME = 1920
 

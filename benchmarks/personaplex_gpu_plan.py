@@ -20,21 +20,18 @@ from __future__ import annotations
 import argparse
 import gc
 import statistics
-import sys
 import time
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from agent.plugins.personaplex import lm_config, mimi_config, streaming  # noqa: E402
-from agent.plugins.personaplex.lm import LMModel  # noqa: E402
-from agent.plugins.personaplex.stepper import BatchedStepper  # noqa: E402
-from agent.plugins.personaplex.tiny_checkpoint import lm_kwargs as tiny_lm_kwargs  # noqa: E402
-from agent.plugins.personaplex.tiny_checkpoint import mimi_architecture  # noqa: E402
+from agent.plugins.personaplex import lm_config, mimi_config, streaming
+from agent.plugins.personaplex.lm import LMModel
+from agent.plugins.personaplex.stepper import BatchedStepper
+from agent.plugins.personaplex.tiny_checkpoint import lm_kwargs as tiny_lm_kwargs
+from agent.plugins.personaplex.tiny_checkpoint import mimi_architecture
 
 REAL_TIME_MS = 80.0
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}

@@ -11,17 +11,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
-from agent.recording import RECORD_FORMATS, CallRecorder  # noqa: E402
-from agent.testing.testsignal import make_test_signal  # noqa: E402
+from agent.recording import RECORD_FORMATS, CallRecorder
+from agent.testing.testsignal import make_test_signal
 
 RATE = 24000
 FRAME = 1920

@@ -1,7 +1,7 @@
 """Latency budget of the remote-engine plugins against the test suite's fake engines.
 
 Each call is a real aiortc peer on loopback calling a real agent server whose plugin talks
-to an in-process fake engine (tests/remote/fakes.py: echoes the caller, vllm-omni protocol
+to an in-process fake engine (agent/testing/fake_engines.py: echoes the caller, vllm-omni protocol
 with odd-sized pcm16 deltas, or Moshi protocol with Ogg-Opus both ways). For comparison the
 echo plugin (no engine) runs the same calls. Per call: the peer's measured round trip of its
 test signal, and the plugin's own numbers from /metrics/calls (upstream round trip per frame,
@@ -16,26 +16,20 @@ from __future__ import annotations
 import argparse
 import asyncio
 import statistics
-import sys
-from pathlib import Path
 from typing import Any
 
 import aiohttp
 from aiohttp.test_utils import TestServer
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))
-
-from agent.media_agent import MediaAgent  # noqa: E402
-from agent.testing.peer import run_call  # noqa: E402
-from agent.plugins.base import Plugin  # noqa: E402
-from agent.plugins.echo import EchoPlugin  # noqa: E402
-from agent.plugins.remote.moshi_server import MoshiServerPlugin  # noqa: E402
-from agent.plugins.remote.vllm_omni import VllmOmniPlugin  # noqa: E402
-from agent.rtc_tuning import limit_host_addresses  # noqa: E402
-from remote.fakes import FakeMoshi, FakeVllmOmni  # noqa: E402
-from signaling.app import create_app  # noqa: E402
+from agent.media_agent import MediaAgent
+from agent.testing.peer import run_call
+from agent.plugins.base import Plugin
+from agent.plugins.echo import EchoPlugin
+from agent.plugins.remote.moshi_server import MoshiServerPlugin
+from agent.plugins.remote.vllm_omni import VllmOmniPlugin
+from agent.rtc_tuning import limit_host_addresses
+from agent.testing.fake_engines import FakeMoshi, FakeVllmOmni
+from signaling.app import create_app
 
 
 async def plugin_stats(url: str) -> dict[str, Any] | None:

@@ -14,7 +14,6 @@ import argparse
 import asyncio
 import socket
 import subprocess
-import sys
 import time
 
 import aiohttp
@@ -22,8 +21,6 @@ from aiortc.rtp import RtpPacket
 
 from harness import ROOT, agent_command, free_port, wait_for_port
 from soak_bench import proc_figures
-
-sys.path.insert(0, str(ROOT))
 
 
 async def one_leg(http: aiohttp.ClientSession, url: str, seconds: float) -> None:

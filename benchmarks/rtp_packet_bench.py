@@ -16,19 +16,16 @@ import argparse
 import asyncio
 import json
 import subprocess
-import sys
 import time
 import urllib.request
-from pathlib import Path
 
 import numpy as np
 from aiortc.rtp import RtpPacket
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from agent.telephony.codec import PCMU  # noqa: E402
-from agent.testing.testsignal import make_test_signal, measure_echo  # noqa: E402
-from harness import agent_command, free_port  # noqa: E402
+from agent.telephony.codec import PCMU
+from agent.testing.testsignal import make_test_signal, measure_echo
+from harness import agent_command, free_port
 
 RATE = 8000
 

@@ -30,8 +30,6 @@ import aiohttp
 
 from harness import ROOT, agent_command, free_port, taskset, wait_for_port
 
-sys.path.insert(0, str(ROOT))
-
 BAD_REQUESTS: list[tuple[str, str, dict[str, Any]]] = [
     ("POST", "/offer", {"data": "{not json", "headers": {"Content-Type": "application/json"}}),
     ("POST", "/offer", {"json": {"sdp": "v=0\r\n", "type": "offer"}}),

@@ -14,24 +14,21 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import sys
 import time
 from collections.abc import Sequence
-from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
-from aiohttp.test_utils import TestServer  # noqa: E402
+from aiohttp.test_utils import TestServer
 
-from agent.media_agent import AgentSettings, MediaAgent  # noqa: E402
-from agent.testing.peer import PEER_RATE, run_call  # noqa: E402
-from agent.plugins.base import PluginSession, StepOutput  # noqa: E402
-from agent.plugins.echo import EchoPlugin  # noqa: E402
-from agent.rtc_tuning import limit_host_addresses  # noqa: E402
-from agent.testing.testsignal import decimate, make_test_signal  # noqa: E402
-from signaling.app import create_app  # noqa: E402
+from agent.media_agent import AgentSettings, MediaAgent
+from agent.testing.peer import PEER_RATE, run_call
+from agent.plugins.base import PluginSession, StepOutput
+from agent.plugins.echo import EchoPlugin
+from agent.rtc_tuning import limit_host_addresses
+from agent.testing.testsignal import decimate, make_test_signal
+from signaling.app import create_app
 
 BURST_SECONDS = 0.7
 PAUSE_SECONDS = 0.5

@@ -32,8 +32,6 @@ from typing import Any, Iterator
 
 from harness import ROOT, agent_command, cpu_seconds, free_port, placed, server_on_core0
 
-sys.path.insert(0, str(ROOT))
-
 GAP_LIMIT_MS = 60.0
 RECEIVED_MIN = 0.99
 PACKET_SECONDS = 0.02

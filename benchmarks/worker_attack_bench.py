@@ -21,16 +21,15 @@ import random
 import socket
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import aiohttp
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.harness import ROOT, agent_command, descendants, free_port, wait_for_port  # noqa: E402
-from agent.worker_tag import ID_TOKEN_CHARS, worker_of  # noqa: E402
+from agent.worker_tag import ID_TOKEN_CHARS, worker_of
+
+from harness import ROOT, agent_command, descendants, free_port, wait_for_port
 
 VICTIM, OTHER = "sk-bench-victim", "sk-bench-other"
 RTP = "/v1/telephony/rtp"

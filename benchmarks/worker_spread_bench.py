@@ -17,19 +17,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import sys
 from collections.abc import Awaitable
-from pathlib import Path
 from typing import Any
 
 import aiohttp
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from echo_bench import STAGGER_S, run_callers  # noqa: E402
-from telephony_capacity_bench import (ClientsRun, run_media_stream_clients,  # noqa: E402
+from echo_bench import STAGGER_S, run_callers
+from telephony_capacity_bench import (ClientsRun, run_media_stream_clients,
                                       run_rtp_clients)
-from workers_bench import agent  # noqa: E402
+from workers_bench import agent
 
 HOLD_SECONDS = 8.0
 

@@ -28,7 +28,7 @@ class Pacer:
 
     def take_due(self, tick_at: float, now: float) -> int:
         """Pacing driven from outside (a shared clock calling on the sender's phase every
-        period, see telephony/send_clock.py): how many packets are due at the clock's tick
+        period, see send_clock.py): how many packets are due at the clock's tick
         `tick_at` (normally 1; 0 before the first is due), read at `now`. The timeline starts
         at the first tick; when it has fallen behind by more than `max_lateness` it restarts
         at this tick rather than bursting the missed packets out."""

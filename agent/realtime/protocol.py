@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
@@ -22,12 +22,15 @@ from agent.realtime.events import (
     EventChannel, Send, error_event, error_event_from, parse_client_event, peek_event_id,
     server_event,
 )
-from agent.plugins.base import StepOutput
+from agent.plugins.base import Capabilities, Plugin, SessionConfig, StepOutput
 from agent.realtime.session_config import session_config_from_realtime
 from agent.recording import take_record_option
 
 if TYPE_CHECKING:
-    from agent.leg import Leg
+    from agent.audio.playout import PlayoutBuffer
+    from agent.call_settings import CallSettings
+    from agent.task_owner import TaskOwner
+    from agent.ticker import PluginSlot, Ticker
 
 log = logging.getLogger(__name__)
 
@@ -35,8 +38,25 @@ SPEECH_RMS = 1e-3  # about -60 dBFS: quieter output frames count as silence
 SPEECH_HANGOVER_FRAMES = 6  # silent frames before the agent counts as having stopped
 
 
+class RealtimeLeg(Protocol):
+    """What the protocol reads and drives of the leg it speaks for (agent/leg.py's `Leg`)."""
+
+    id: str
+    plugin: Plugin
+    ticker: Ticker
+    settings: CallSettings
+    capabilities: Capabilities
+    slot: PluginSlot | None
+    session_config: SessionConfig
+    playout: PlayoutBuffer
+    tasks: TaskOwner
+
+    def emit(self, event: dict[str, Any]) -> None:
+        """A session event for the caller."""
+
+
 class RealtimeProtocol:
-    def __init__(self, leg: Leg) -> None:
+    def __init__(self, leg: RealtimeLeg) -> None:
         self.leg = leg
         self.channel = EventChannel()
         settings = leg.settings

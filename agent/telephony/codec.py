@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from agent.webrtc.encoding import PTIME  # every leg sends 20 ms per message/packet; RTP takes any in
+from agent.audio.pcm import PTIME
 from agent.telephony import g711
 
 

@@ -24,9 +24,10 @@ from agent.audio.clock import MonotonicClock
 from agent.realtime.events import server_event
 from agent.leg import Leg, playout_stats
 from agent.audio.pacer import Pacer
+from agent.audio.pcm import PTIME
 from agent.realtime.rate_limit import TokenBucket
 from agent.worker_tag import ID_TOKEN_BYTES, tagged_token
-from agent.telephony.codec import PTIME, NarrowbandCodec
+from agent.telephony.codec import NarrowbandCodec
 from agent.telephony.resample import ChunkResampler
 
 if TYPE_CHECKING:
@@ -48,7 +49,7 @@ class TelephonyLeg(Leg):
     def __init__(self, agent: MediaAgent, codec: NarrowbandCodec,
                  settings: CallSettings | None = None) -> None:
         super().__init__(f"{self.id_prefix}_{tagged_token(ID_TOKEN_BYTES)}", agent.plugin, agent.ticker,
-                         settings or agent.settings.call, agent.legs)
+                         settings or agent.settings.call, agent.legs.discard)
         self.codec = codec
         self.dtmf_budget = TokenBucket(DTMF_RATE, DTMF_BURST)
         self.dtmf_refused = 0

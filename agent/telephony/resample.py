@@ -10,10 +10,9 @@ from __future__ import annotations
 import av
 import numpy as np
 
-from agent.webrtc.outbound import float_to_s16
+from agent.audio.pcm import PTIME, float_to_s16
 from agent.audio.polyphase import PolyphaseResampler, supported
 from agent.audio.sample_fifo import SampleFifo
-from agent.telephony.codec import PTIME
 
 
 class ChunkResampler:

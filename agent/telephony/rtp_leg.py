@@ -12,9 +12,9 @@ lets go of everything it held for playout.
 Inbound packets go through a small jitter buffer played on the leg's 20 ms clock (see
 rtp_jitter.py); the agent's audio goes back as RTP on the same tick (160 bytes of G.711, or
 640 bytes of L16/16000) to the remote. The tick comes from the process's one `SendClock`
-(send_clock.py), not from a task per leg. Keypad digits sent as RFC 4733 telephone-events (on
-`dtmf_payload_type`, 101 unless told otherwise) become DTMF session events, as on the
-media-stream websocket.
+(agent/audio/send_clock.py), not from a task per leg. Keypad digits sent as RFC 4733
+telephone-events (on `dtmf_payload_type`, 101 unless told otherwise) become DTMF session
+events, as on the media-stream websocket.
 """
 
 from __future__ import annotations

@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 from aiortc.jitterbuffer import JitterFrame
 
-from agent.webrtc.encoding import PTIME, InlineAudioEncoder
-from agent.webrtc.outbound import float_to_s16
+from agent.audio.pcm import PTIME, float_to_s16
+from agent.webrtc.encoding import InlineAudioEncoder
 from agent.rtc_tuning import MonoOpusDecoder
 from agent.testing.peer import load_wav
 

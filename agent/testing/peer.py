@@ -32,9 +32,9 @@ from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
 from agent.cli_errors import CliError, exit_with_error
 from agent.audio.clock import MonotonicClock
-from agent.webrtc.encoding import PTIME, InlineAudioEncoder
-from agent.webrtc.outbound import float_to_s16
 from agent.audio.pacer import Pacer
+from agent.audio.pcm import PTIME, float_to_s16
+from agent.webrtc.encoding import InlineAudioEncoder
 from agent.rtc_tuning import (
     InlineAudioDecoding, accept_rsa_dtls_peers, decode_audio_inline, limit_host_addresses,
     negotiated_codecs,

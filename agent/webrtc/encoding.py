@@ -15,7 +15,8 @@ from fractions import Fraction
 import av
 import numpy as np
 
-PTIME = 0.02
+from agent.audio.pcm import PTIME
+
 OPUS_BITRATE = 48_000
 # libopus's complexity knob, 0-10: CPU per encoded frame against quality at the same bitrate.
 # 10 is libopus's own default (and aiortc's). Measured here (benchmarks/opus_complexity_bench.py,

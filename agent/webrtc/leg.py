@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 from aiortc import RTCDataChannel, RTCPeerConnection, RTCRtpSender, RTCSessionDescription
@@ -28,12 +29,9 @@ from agent.realtime.protocol import RealtimeProtocol
 from agent.rtc_tuning import InlineAudioDecoding
 from agent.rtc_tuning.sctp_limit import OVERSIZED_EVENT
 from agent.webrtc.sdp import with_explicit_directions
+from agent.webrtc.settings import WebRtcSettings
 from agent.ticker import Ticker
 from agent.worker_tag import ID_TOKEN_BYTES, tagged_token
-
-if TYPE_CHECKING:
-    from agent.leg_registry import LegRegistry
-    from agent.media_agent import AgentSettings
 
 log = logging.getLogger(__name__)
 
@@ -48,8 +46,8 @@ class WebRtcLeg(Leg):
     transport = "webrtc"
 
     def __init__(self, call_id: str, pc: RTCPeerConnection, plugin: Plugin, ticker: Ticker,
-                 settings: CallSettings, registry: LegRegistry) -> None:
-        super().__init__(call_id, plugin, ticker, settings, registry)
+                 settings: CallSettings, on_closed: Callable[[Leg], None]) -> None:
+        super().__init__(call_id, plugin, ticker, settings, on_closed)
         self.pc = pc
         self.track = AgentAudioTrack(self.playout, self.capabilities.sample_rate)
         self.pacer = self.track.pacer
@@ -89,7 +87,7 @@ class WebRtcLeg(Leg):
             log.warning("call %s: peer connection close: %r", self.id, exc)
         self.realtime.detach()
 
-    async def accept_offer(self, sdp: str, settings: AgentSettings) -> None:
+    async def accept_offer(self, sdp: str, settings: WebRtcSettings) -> None:
         """Apply the caller's offer: audio only, our codecs, the tuned receive path, our
         track on the first audio m-line (CallError with a code when the offer is unusable)."""
         pc = self.pc

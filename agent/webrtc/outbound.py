@@ -15,13 +15,10 @@ import numpy as np
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
 from agent.audio.clock import Clock, MonotonicClock
-from agent.webrtc.encoding import OPUS_COMPLEXITY, PTIME, InlineAudioEncoder
 from agent.audio.pacer import Pacer
+from agent.audio.pcm import PTIME, float_to_s16
 from agent.audio.playout import PlayoutBuffer
-
-
-def float_to_s16(samples: np.ndarray) -> np.ndarray:
-    return (np.clip(samples, -1.0, 1.0) * 32767.0).astype(np.int16)
+from agent.webrtc.encoding import OPUS_COMPLEXITY, InlineAudioEncoder
 
 
 class AgentAudioTrack(MediaStreamTrack):

@@ -24,7 +24,9 @@ import pytest
 
 from agent.testing.peer import save_wav
 from agent.testing.testsignal import decimate, make_test_signal, measure_echo
-from support import AgentFactory, wait_until
+from tests.support.agents import AgentFactory, wait_until
+
+pytestmark = pytest.mark.interop
 
 RTP_PATH = "/v1/telephony/rtp"
 SECONDS = 6.0
@@ -61,6 +63,7 @@ def free_even_udp_port() -> int:
     (None, (42.625, 42.75)),  # ffmpeg's default: whole 48 kHz input packets, 341 or 342 samples
     ("asetnsamples=n=1440", (30.0, 30.0)),  # 30 ms at the 48 kHz input rate
 ])
+@pytest.mark.slow
 async def test_ffmpeg_sends_and_receives_an_rtp_leg(
     ffmpeg: str, start_agent: AgentFactory, tmp_path: Path,
     packet_filter: str | None, expected_ms: tuple[float, float],

@@ -21,7 +21,9 @@ import numpy as np
 from agent.testing.peer import save_wav
 from agent.rtc_tuning import limit_host_addresses
 from agent.testing.testsignal import make_test_signal, measure_echo
-from support import AgentFactory, all_freed, wait_until
+from tests.support.agents import AgentFactory, all_freed, wait_until
+
+pytestmark = pytest.mark.interop
 
 SYSTEM_PYTHON = "/usr/bin/python3"
 CALLER = Path(__file__).with_name("gst_webrtc_caller.py")
@@ -102,6 +104,7 @@ async def webrtcbin_call(url: str, tmp_path: Path, sent: np.ndarray,
 
 
 @pytest.mark.parametrize("codec", ["opus", "pcmu"])
+@pytest.mark.slow
 async def test_webrtcbin_with_default_certificate_gets_its_echo(
     gstreamer: None, host_interfaces: None, start_agent: AgentFactory, tmp_path: Path, codec: str
 ) -> None:

@@ -21,9 +21,11 @@ from agent.plugins.base import PluginOptions
 from agent.plugins.personaplex.tiny_checkpoint import write_checkpoint
 from agent.plugins.remote.moshi_server import MoshiServerPlugin
 from agent.testing.peer import run_call
-from oracles import require as require_oracle
-from realtime_fixtures import RealtimeClient
-from support import AgentFactory, all_freed, wait_until
+from tests.support.agents import AgentFactory, all_freed, wait_until
+from tests.support.oracles import require as require_oracle
+from tests.support.realtime import RealtimeClient
+
+pytestmark = [pytest.mark.interop, pytest.mark.model]
 
 LAUNCHER = Path(__file__).with_name("cpu_moshi_server.py")
 
@@ -85,6 +87,7 @@ async def second_offer(base_url: str) -> tuple[int, str, str | None, float]:
         await client.close()
 
 
+@pytest.mark.slow
 async def test_a_call_gets_model_audio_and_text_from_the_real_moshi_server(
     moshi_server: str, start_agent: AgentFactory,
 ) -> None:

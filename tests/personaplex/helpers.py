@@ -10,10 +10,10 @@ import numpy as np
 import sentencepiece
 import torch
 
+from agent.plugins.moshi_defaults import DEFAULT_PERSONA
 from agent.plugins.personaplex import checkpoint, lm_config, mimi_config
 from agent.plugins.personaplex.lm import LMModel
 from agent.plugins.personaplex.mimi import MimiModel
-from agent.plugins.personaplex.policy import DEFAULT_PERSONA
 from agent.plugins.personaplex.prompt import PromptPlan, VoicePrompt, persona_tokens
 
 

@@ -23,6 +23,8 @@ from agent.plugins.personaplex.lm_stepper import LMStepper
 from agent.plugins.personaplex.prompt import PromptPlan, VoicePrompt, persona_tokens, run_prefill
 from agent.plugins.personaplex.tiny_checkpoint import write_checkpoint
 
+pytestmark = pytest.mark.model
+
 FIXTURE = json.loads((Path(__file__).parent / "fixtures" / "golden_prefill.json").read_text())
 
 

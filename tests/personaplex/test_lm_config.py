@@ -7,7 +7,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from oracles import require as require_oracle
 import torch
 from safetensors.torch import save_file
 
@@ -19,7 +18,11 @@ from agent.plugins.personaplex.lm_config import (
     personaplex_7b_lm_kwargs,
 )
 
+from tests.support.oracles import require as require_oracle
+
 from .helpers import TINY_LM_KWARGS
+
+pytestmark = pytest.mark.model
 
 ref_loaders = require_oracle("moshi.models.loaders")
 

@@ -14,6 +14,8 @@ from agent.plugins.personaplex.lm_graph import GraphedLMStep
 from agent.plugins.personaplex.lm_stepper import LMStepOutput, LMStepper
 from .helpers import TINY_LM_KWARGS
 
+pytestmark = pytest.mark.model
+
 # The PersonaPlex layout, and a context short enough to wrap within a few steps.
 CONFIG: dict[str, Any] = {**TINY_LM_KWARGS, "dep_q": 16, "context": 6}
 

@@ -15,14 +15,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from oracles import require as require_oracle
 import torch
 from safetensors.torch import save_file
 
 from agent.plugins.personaplex.lm_config import load_checkpoint_info, load_lm
 from agent.plugins.personaplex.lm_stepper import LMStepper
 
+from tests.support.oracles import require as require_oracle
+
 from .helpers import TINY_LM_KWARGS
+
+pytestmark = pytest.mark.model
 
 ref_lm = require_oracle("moshi.models.lm")
 
@@ -104,6 +107,7 @@ def run_ours(stepper: LMStepper, user_codes: torch.Tensor) -> list[torch.Tensor 
 @pytest.mark.parametrize(
     ("config", "steps"), [(TINY, 52), (SMALL, 52), (TINY_LAYER_NORM, 30)], ids=["tiny", "small", "tiny-layer-norm"]
 )
+@pytest.mark.slow
 def test_greedy_tokens_match_reference_lmgen(tmp_path: Path, config: dict[str, Any], steps: int) -> None:
     reference = write_checkpoint(tmp_path / "ckpt", config, seed=0)
     ours = load_lm(load_checkpoint_info(tmp_path / "ckpt"), device="cpu", dtype=torch.float32)

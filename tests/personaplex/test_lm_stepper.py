@@ -13,6 +13,8 @@ from agent.plugins.personaplex.lm_stepper import UNGENERATED, LMStepOutput, LMSt
 from agent.plugins.personaplex.sampling import SamplingConfig
 from .helpers import TINY_LM_KWARGS
 
+pytestmark = pytest.mark.model
+
 CONFIG: dict[str, Any] = TINY_LM_KWARGS
 
 

@@ -6,7 +6,6 @@ import copy
 import json
 
 import pytest
-from oracles import require as require_oracle
 import torch
 
 from agent.plugins.personaplex.mimi_config import (
@@ -17,6 +16,10 @@ from agent.plugins.personaplex.mimi_config import (
     read_mimi_config,
     standard_mimi_config,
 )
+
+from tests.support.oracles import require as require_oracle
+
+pytestmark = pytest.mark.model
 
 loaders = require_oracle("moshi.models.loaders")
 

@@ -12,6 +12,8 @@ from agent.plugins.personaplex.mimi_graph import GraphedMimi, restore_state, sav
 from agent.plugins.personaplex.streaming import reset_slots, start_streaming
 from agent.plugins.personaplex.tiny_checkpoint import mimi_architecture
 
+pytestmark = pytest.mark.model
+
 FRAME = 1920
 
 

@@ -10,12 +10,15 @@ from __future__ import annotations
 import copy
 
 import pytest
-from oracles import require as require_oracle
 import torch
 from safetensors.torch import save_file
 
 from agent.plugins.personaplex.mimi_config import MimiConfigError, build_mimi, load_mimi
 from agent.plugins.personaplex.streaming import reset_slots, start_streaming, stop_streaming
+
+from tests.support.oracles import require as require_oracle
+
+pytestmark = pytest.mark.model
 
 loaders = require_oracle("moshi.models.loaders")
 

@@ -11,6 +11,9 @@ from pathlib import Path
 
 import av
 import numpy as np
+import pytest
+
+pytestmark = pytest.mark.model
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -32,6 +35,7 @@ def _run(*args: str) -> subprocess.CompletedProcess[str]:
                           capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.slow
 def test_offline_end_to_end(tmp_path: Path, tiny_checkpoint: Path) -> None:
     source = tmp_path / "in.wav"
     _write_input(source, seconds=1.0, rate=44100, channels=2)  # 12.5 frames -> 13

@@ -11,11 +11,13 @@ import numpy as np
 import pytest
 
 from agent.plugins.base import PluginError, PluginOptions, RuntimeConfig, SessionConfig
+from agent.plugins.moshi_defaults import DEFAULT_PERSONA
 from agent.plugins.personaplex.plugin import MoshiPlugin, PersonaPlexPlugin, text_piece
-from agent.plugins.personaplex.policy import DEFAULT_PERSONA
 from agent.plugins.registry import load_plugin
 
 from .helpers import speech_like_frames
+
+pytestmark = pytest.mark.model
 
 
 def _start(plugin: PersonaPlexPlugin) -> PersonaPlexPlugin:

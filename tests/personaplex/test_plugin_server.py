@@ -7,11 +7,14 @@ from pathlib import Path
 
 import aiohttp
 import numpy as np
+import pytest
 
 from agent.testing.peer import run_call
 from agent.plugins.personaplex.plugin import PersonaPlexPlugin
 
-from support import AgentFactory, all_freed, wait_until
+from tests.support.agents import AgentFactory, all_freed, wait_until
+
+pytestmark = pytest.mark.model
 
 
 async def test_call_gets_model_audio(start_agent: AgentFactory, tiny_checkpoint: Path) -> None:

@@ -1,6 +1,7 @@
 import pytest
 
 from agent.plugins.base import PluginError
+from agent.plugins.moshi_defaults import DEFAULT_PERSONA
 from agent.plugins.personaplex import policy
 
 VOICES = ("NATF2.pt", "NATM1.pt")
@@ -25,8 +26,8 @@ def test_bad_voice_names_are_invalid_voice(name: str) -> None:
 
 
 def test_persona_default_and_wrap() -> None:
-    assert policy.persona_instructions(None) == policy.DEFAULT_PERSONA
-    assert policy.persona_instructions("   ") == policy.DEFAULT_PERSONA
+    assert policy.persona_instructions(None) == DEFAULT_PERSONA
+    assert policy.persona_instructions("   ") == DEFAULT_PERSONA
     assert policy.persona_instructions("  Be a pirate. ") == "Be a pirate."
     assert policy.wrap_persona("  Be a pirate.\n") == "<system> Be a pirate. <system>"
     # Already wrapped (as NVIDIA's wrap_with_system_tags): left as it is, only stripped.

@@ -19,6 +19,8 @@ from agent.plugins.personaplex.stepper import BatchedStepper
 
 from .helpers import TinyModels, load_tiny, speech_like_frames
 
+pytestmark = pytest.mark.model
+
 PERSONA = "You enjoy talking about the weather."
 
 

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import pytest
-from oracles import require as require_oracle
 import torch
 from safetensors.torch import load_file, save_file
 
 from agent.plugins.personaplex.quantizer import SplitResidualVectorQuantizer, rename_legacy_codebook_keys
+
+from tests.support.oracles import require as require_oracle
+
+pytestmark = pytest.mark.model
 
 ref_vq = require_oracle("moshi.quantization")
 

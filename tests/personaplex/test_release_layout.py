@@ -14,6 +14,8 @@ from safetensors.torch import load_file, save_file
 from agent.plugins.personaplex import lm_config, mimi_config
 from agent.plugins.personaplex import tiny_checkpoint as writer
 
+pytestmark = pytest.mark.model
+
 
 def split_copy(source: Path, target: Path) -> None:
     """The same weights under our per-step names (`in_projs.N` / `out_projs.N`)."""

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-from oracles import require as require_oracle
 import torch
 from safetensors.torch import load_file, save_file
 
@@ -19,6 +18,10 @@ from agent.plugins.personaplex.conv import (
 from agent.plugins.personaplex.mimi_config import STANDARD_SEANET
 from agent.plugins.personaplex.seanet import SEANetDecoder, SEANetEncoder
 from agent.plugins.personaplex.streaming import reset_slots, start_streaming, stop_streaming
+
+from tests.support.oracles import require as require_oracle
+
+pytestmark = pytest.mark.model
 
 ref_conv = require_oracle("moshi.modules.conv")
 ref_seanet = require_oracle("moshi.modules.seanet")

@@ -14,6 +14,8 @@ from agent.plugins.personaplex.stepper import BatchedStepper
 
 from .helpers import TinyModels, load_tiny, speech_like_frames
 
+pytestmark = pytest.mark.model
+
 FRAMES = 14
 # (voice, join tick, leave tick or None) per session
 SESSIONS = [("NATF2.pt", 0, None), ("NATM1.pt", 2, 9), ("VARF0.pt", 3, None), ("NATF2.pt", 6, None)]

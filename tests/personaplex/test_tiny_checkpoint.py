@@ -7,13 +7,16 @@ import json
 from pathlib import Path
 
 import pytest
-from oracles import require as require_oracle
 import sentencepiece
 import torch
 from safetensors.torch import load_file
 
 from agent.plugins.personaplex import checkpoint, lm_config, mimi_config
 from agent.plugins.personaplex import tiny_checkpoint as writer
+
+from tests.support.oracles import require as require_oracle
+
+pytestmark = pytest.mark.model
 
 
 @pytest.mark.parametrize("layout, dep_q", [("personaplex", 16), ("moshi", 8)])

@@ -9,12 +9,15 @@ os.environ.setdefault("NO_TORCH_COMPILE", "1")  # keep torch.compile out of CPU 
 from pathlib import Path
 
 import pytest
-from oracles import require as require_oracle
 import torch
 from safetensors.torch import load_file, save_file
 
 from agent.plugins.personaplex import streaming
 from agent.plugins.personaplex.transformer import ProjectedTransformer, StreamingTransformer
+
+from tests.support.oracles import require as require_oracle
+
+pytestmark = pytest.mark.model
 
 ref_transformer = require_oracle("moshi.modules.transformer")
 

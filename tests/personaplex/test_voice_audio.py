@@ -21,6 +21,8 @@ from agent.plugins.personaplex.prompt import PromptPlan, run_prefill
 from agent.plugins.personaplex.voice_audio import VoiceAudioError, encode_voice, read_voice_audio
 from agent.plugins.registry import load_plugin
 
+pytestmark = pytest.mark.model
+
 RATE = 24000
 
 

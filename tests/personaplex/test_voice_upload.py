@@ -12,10 +12,12 @@ import pytest
 
 from agent.plugins.echo import EchoPlugin
 from agent.plugins.personaplex.plugin import PersonaPlexPlugin
-from realtime_fixtures import RealtimeClient, realtime_clients  # noqa: F401
-from support import AgentFactory, RunningAgent, all_freed, wait_until
+from tests.support.agents import AgentFactory, RunningAgent, all_freed, wait_until
+from tests.support.realtime import RealtimeClient
 
 from .test_voice_audio import voice_recording
+
+pytestmark = pytest.mark.model
 
 LIMIT = 200_000
 
@@ -40,7 +42,7 @@ async def refusal(running: RunningAgent, session: dict[str, Any] | None,
 
 async def test_an_uploaded_voice_is_the_calls_prompt(
         start_agent: AgentFactory, tiny_checkpoint: Path, recording: bytes,
-        realtime_clients: list[RealtimeClient]) -> None:  # noqa: F811
+        realtime_clients: list[RealtimeClient]) -> None:
     running = await start_agent(PersonaPlexPlugin(str(tiny_checkpoint), max_sessions=2),
                                 voice_upload_bytes=LIMIT)
     await running.agent.start()

@@ -6,19 +6,20 @@ import asyncio
 from collections import Counter
 
 import aiohttp
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from agent.media_agent import AgentSettings
+from agent.testing.fake_engines import Behaviour
 from agent.testing.peer import run_call
 from agent.plugins.remote.link import LinkSettings
 from agent.plugins.remote.moshi_server import MoshiServerPlugin
 from agent.plugins.remote.vllm_omni import VllmOmniPlugin
 
-from support import AgentFactory, RunningAgent, all_freed, wait_until
+from tests.support.agents import AgentFactory, RunningAgent, all_freed, wait_until
 
 from .conftest import StartFake
 from .driver import upstream_tasks
-from .fakes import Behaviour
 
 SETTINGS = LinkSettings(connect_timeout=3.0, handshake_timeout=5.0, stall_timeout=5.0)
 
@@ -73,6 +74,7 @@ async def test_call_through_moshi_server_gets_audio_and_text(
     assert fake.active == 0 and fake.violations == []
 
 
+@pytest.mark.slow
 async def test_calls_spread_and_a_dying_upstream_ends_only_its_calls(
     start_agent: AgentFactory, start_fake: StartFake,
 ) -> None:

@@ -15,12 +15,12 @@ from agent.plugins.remote.moshi_server import MoshiServerPlugin
 from agent.plugins.remote.pool import UpstreamPool
 from agent.plugins.remote.plugin import RemotePlugin
 from agent.plugins.remote.vllm_omni import VllmOmniPlugin
+from agent.testing.fake_engines import Behaviour, FakeServer
 
-from support import wait_until
+from tests.support.agents import wait_until
 
 from .conftest import StartFake
 from .driver import FRAME, Driver, failed_with, loud, upstream_tasks
-from .fakes import Behaviour, FakeServer
 
 FAST = LinkSettings(connect_timeout=2.0, handshake_timeout=2.0, stall_timeout=0.6)
 PLUGINS: dict[str, type[RemotePlugin]] = {"vllm": VllmOmniPlugin, "moshi": MoshiServerPlugin}

@@ -6,15 +6,15 @@ from __future__ import annotations
 import pytest
 
 from agent.plugins.base import PluginError, PluginOptions, SessionConfig
-from agent.plugins.personaplex.policy import DEFAULT_PERSONA, DEFAULT_VOICE
+from agent.plugins.moshi_defaults import DEFAULT_PERSONA, DEFAULT_VOICE
 from agent.plugins.remote.link import LinkSettings
 from agent.plugins.remote.moshi_server import MoshiServerPlugin, visible_text
+from agent.testing.fake_engines import Behaviour
 
-from support import wait_until
+from tests.support.agents import wait_until
 
 from .conftest import StartFake
 from .driver import Driver
-from .fakes import Behaviour
 
 FAST = LinkSettings(connect_timeout=2.0, handshake_timeout=2.0, stall_timeout=0.6)
 

@@ -12,7 +12,7 @@ import pytest
 from agent.testing.peer import run_call
 from agent.plugins.remote.vllm_omni import VllmOmniPlugin
 
-from support import AgentFactory
+from tests.support.agents import AgentFactory
 
 from .conftest import StartFake
 from .test_calls import SETTINGS, all_gone, call_stats

@@ -11,7 +11,7 @@ from agent.media_agent import AgentSettings
 from agent.testing.peer import run_call
 from agent.rtc_tuning import parse_codec_list
 from signaling.__main__ import build_parser, settings_from_args
-from support import AgentFactory, RunningAgent
+from tests.support.agents import AgentFactory, RunningAgent
 
 
 @pytest.mark.parametrize("codec", ["pcmu", "pcma"])

@@ -9,8 +9,9 @@ import aiohttp
 import pytest
 
 from agent.logs.log_safe import printable
-from support import RunningAgent, wait_until
-from test_media_stream import connect
+from tests.support.agents import RunningAgent, wait_until
+
+from .test_media_stream import connect
 
 FORGED = "x\n2026-01-01 00:00:00 INFO signaling: forged record\r\x1b[2K\u2028"
 

@@ -14,6 +14,7 @@ from typing import Any
 
 import aiohttp
 import numpy as np
+import pytest
 
 from agent.media_agent import AgentSettings
 from agent.plugins.base import PluginSession, StepOutput
@@ -22,8 +23,8 @@ from agent.telephony.g711 import mulaw_decode, mulaw_encode
 from agent.testing.testsignal import band_limited_noise, measure_echo
 from signaling.auth import AuthSettings
 from signaling.telephony import TelephonyConfig
-from keypad_plugin import KeypadEchoPlugin
-from support import AgentFactory, RunningAgent, wait_until
+from tests.support.agents import AgentFactory, RunningAgent, wait_until
+from tests.support.keypad_plugin import KeypadEchoPlugin
 
 PATH = "/v1/telephony/media-stream"
 CHUNK = 160  # bytes of μ-law = 20 ms at 8 kHz
@@ -148,6 +149,7 @@ MALFORMED: list[Any] = [
 ]
 
 
+@pytest.mark.slow
 async def test_stream_echoes_paced_mulaw_through_malformed_messages_and_dtmf(
     start_agent: AgentFactory,
 ) -> None:

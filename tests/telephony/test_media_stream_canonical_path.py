@@ -12,8 +12,9 @@ from yarl import URL
 
 from agent.logs.redact import RedactingFilter
 from signaling.auth import AuthSettings
-from support import AgentFactory, wait_until
-from test_media_stream import PATH, Bridge
+from tests.support.agents import AgentFactory, wait_until
+
+from .test_media_stream import PATH, Bridge
 
 KEY = "sk-percent-encoded-7"
 ENCODED_ROUTES = ("/v1/telephony/media%2Dstream", "/v1/telephony/media%2dstream",

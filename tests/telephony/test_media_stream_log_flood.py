@@ -9,8 +9,9 @@ import logging
 import aiohttp
 import pytest
 
-from support import RunningAgent, wait_until
-from test_media_stream import connect
+from tests.support.agents import RunningAgent, wait_until
+
+from .test_media_stream import connect
 
 FLOOD = 2000
 LOGGER = "agent.telephony.media_stream"

@@ -13,6 +13,7 @@ from typing import Any
 
 import aiohttp
 import numpy as np
+import pytest
 from aiortc.rtp import RtpPacket
 
 from agent.call_settings import CallSettings
@@ -22,8 +23,8 @@ from agent.telephony.rtp_leg import RtpSettings
 from agent.telephony.telephone_event import telephone_event_payload
 from agent.testing.testsignal import make_test_signal, measure_echo
 from signaling.telephony import TelephonyConfig
-from keypad_plugin import KeypadEchoPlugin
-from support import AgentFactory, RunningAgent, wait_until
+from tests.support.agents import AgentFactory, RunningAgent, wait_until
+from tests.support.keypad_plugin import KeypadEchoPlugin
 
 RTP_PATH = "/v1/telephony/rtp"
 
@@ -114,6 +115,7 @@ async def open_leg(http: aiohttp.ClientSession, running: RunningAgent,
         return response.status, await response.json()
 
 
+@pytest.mark.slow
 async def test_signal_comes_back_through_reordering_loss_and_a_foreign_sender(
     echo_agent: RunningAgent,
 ) -> None:

@@ -16,8 +16,9 @@ from aiortc.rtp import RtpPacket
 from agent.telephony.codec import PCMU
 from agent.telephony.rtp_leg import MAX_DATAGRAM, RtpLeg
 from agent.testing.testsignal import make_test_signal, measure_echo
-from support import RunningAgent, wait_until
-from test_rtp_leg import RTP_PATH, Endpoint, Stream, destination_of, endpoint, open_leg
+from tests.support.agents import RunningAgent, wait_until
+
+from .test_rtp_leg import RTP_PATH, Endpoint, Stream, destination_of, endpoint, open_leg
 
 BIG = 64_000  # payload bytes: a 64,012-byte datagram, near the UDP maximum
 

@@ -13,7 +13,7 @@ from agent.telephony.address_policy import parse_networks
 from agent.telephony.rtp_leg import RtpSettings
 from signaling.__main__ import build_parser
 from signaling.telephony import TelephonyConfig, config_from_args
-from support import AgentFactory, RunningAgent, wait_until
+from tests.support.agents import AgentFactory, RunningAgent, wait_until
 
 RTP_PATH = "/v1/telephony/rtp"
 

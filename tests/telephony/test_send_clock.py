@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 
 from agent.audio.pacer import Pacer
-from agent.telephony.send_clock import SendClock
+from agent.audio.send_clock import SendClock
 from agent.testing.clock import FakeClock
 
 

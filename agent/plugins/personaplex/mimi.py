@@ -21,8 +21,6 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor, nn
@@ -30,9 +28,6 @@ from torch import Tensor, nn
 from agent.plugins.personaplex.conv import StreamingConv1d, StreamingConvTranspose1d, pad_to_whole_frames
 from agent.plugins.personaplex.quantizer import SplitResidualVectorQuantizer
 from agent.plugins.personaplex.seanet import SEANetDecoder, SEANetEncoder
-
-if TYPE_CHECKING:
-    from agent.plugins.personaplex.mimi_config import MimiConfig
 
 
 class ConvDownsample1d(nn.Module):
@@ -193,15 +188,3 @@ class MimiModel(nn.Module):
             emb = self._transform(self.decoder_transformer, emb, active)
             return self.decoder(emb)
 
-
-def load_mimi(
-    path: str | Path,
-    mimi_config: "MimiConfig | dict | None",
-    device: torch.device | str,
-    dtype: torch.dtype,
-    num_codebooks: int,
-) -> MimiModel:
-    """See `mimi_config.load_mimi`; here too because callers look for it next to the model."""
-    from agent.plugins.personaplex.mimi_config import load_mimi as load
-
-    return load(path, mimi_config, device, dtype, num_codebooks)

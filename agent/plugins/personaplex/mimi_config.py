@@ -24,8 +24,8 @@ from typing import Any
 import torch
 from safetensors import safe_open
 
+from agent.plugins.base import PluginError
 from agent.plugins.personaplex.conv import fold_weight_norm
-from agent.errors import AgentError
 from agent.plugins.personaplex.mimi import MimiModel
 from agent.plugins.personaplex.quantizer import SplitResidualVectorQuantizer, rename_legacy_codebook_keys
 from agent.plugins.personaplex.seanet import SEANetDecoder, SEANetEncoder
@@ -88,7 +88,7 @@ STANDARD_MIMI: dict[str, Any] = {
 DEFAULT_NUM_CODEBOOKS = 8
 
 
-class MimiConfigError(AgentError, ValueError):
+class MimiConfigError(PluginError, ValueError):
     """The Mimi architecture description cannot be served."""
 
     def __init__(self, message: str) -> None:

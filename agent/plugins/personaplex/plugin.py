@@ -36,6 +36,7 @@ from agent.plugins.base import (
     SessionConfig,
     StepOutput,
 )
+from agent.plugins.moshi_defaults import DEFAULT_PERSONA, DEFAULT_VOICE
 from agent.plugins.personaplex import checkpoint, lm_config, mimi_config, policy
 from agent.plugins.personaplex.prompt import (
     PromptCache, PromptKey, PromptPlan, VoicePrompt, check_voice_prompt, detached_copy, persona_tokens,
@@ -170,7 +171,7 @@ class PersonaPlexPlugin(Plugin):
         if max_sessions < 0:
             raise PluginError("invalid_max_sessions", "max_sessions must be >= 0", param="max_sessions")
         self.max_sessions = max_sessions or default_sessions
-        self.default_voice = voice or (policy.DEFAULT_VOICE if self.uses_prompt else None)
+        self.default_voice = voice or (DEFAULT_VOICE if self.uses_prompt else None)
         # A snapshot holds the prompt's filled KV entries (about 0.1 GB for the 7B model and a
         # ~200-frame prompt), so a GPU keeps fewer; live sessions keep their own alive anyway.
         self.prompt_cache_size = prompt_cache_size or (16 if self.device.type == "cuda" else 32)
@@ -192,7 +193,7 @@ class PersonaPlexPlugin(Plugin):
         self.model = await asyncio.to_thread(self._load)
         if self.model.prompts is not None:
             # The default prompt is what most calls use: have it ready before the first call.
-            await self.model.prompts.get((self.default_voice, policy.DEFAULT_PERSONA))
+            await self.model.prompts.get((self.default_voice, DEFAULT_PERSONA))
 
     async def close(self) -> None:
         if self.model is not None and self.model.prompts is not None:

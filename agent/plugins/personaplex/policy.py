@@ -13,12 +13,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from agent.plugins.base import PluginError
+from agent.plugins.moshi_defaults import DEFAULT_PERSONA
 
-DEFAULT_VOICE = "NATF2.pt"
-DEFAULT_PERSONA = (
-    "You are a wise and friendly teacher. Answer questions or provide advice in a clear and "
-    "engaging way."
-)
 SYSTEM_TAG = "<system>"
 MAX_PERSONA_CHARS = 4000
 

@@ -21,14 +21,14 @@ import sphn
 import torch
 from torch import nn
 
-from agent.errors import AgentError
+from agent.plugins.base import PluginError
 from agent.plugins.personaplex import streaming
 
 TARGET_LUFS = -24.0
 MAX_VOICE_SECONDS = 60.0  # the released voice prompts are a few seconds long
 
 
-class VoiceAudioError(AgentError, ValueError):
+class VoiceAudioError(PluginError, ValueError):
     """A voice recording that cannot be used; the message names the file and why."""
 
     def __init__(self, message: str) -> None:

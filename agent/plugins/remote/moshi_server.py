@@ -34,7 +34,7 @@ import sphn
 from yarl import URL
 
 from agent.plugins.base import PluginError, PluginFlag, PluginOptions, SessionConfig
-from agent.plugins.personaplex.policy import DEFAULT_PERSONA, DEFAULT_VOICE
+from agent.plugins.moshi_defaults import DEFAULT_PERSONA, DEFAULT_VOICE
 from agent.plugins.remote.link import LinkRequest, UpstreamError, UpstreamLink, protocol_error
 from agent.plugins.remote.plugin import RemotePlugin
 

@@ -1,0 +1,24 @@
+"""What the WebRTC transport takes from the agent's settings (`AgentSettings.webrtc`).
+
+ICE servers for the peer connection, the codecs it accepts, aiortc's receive jitter buffer,
+and whether Opus/G.711 are encoded and decoded inline on the event loop.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from aiortc import RTCIceServer
+
+from agent.rtc_tuning import AUDIO_CODECS
+from agent.webrtc.encoding import OPUS_COMPLEXITY
+
+
+@dataclass(frozen=True)
+class WebRtcSettings:
+    ice_servers: tuple[RTCIceServer, ...] = ()
+    jitter_prefetch_packets: int = 1  # --jitter-buffer: 0 releases each packet on arrival
+    codecs: tuple[str, ...] = AUDIO_CODECS  # every codec aiortc negotiates, Opus first
+    inline_encoding: bool = True
+    opus_complexity: int = OPUS_COMPLEXITY  # --opus-complexity: encoder CPU against quality
+    inline_decoding: bool = True

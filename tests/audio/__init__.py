@@ -1,0 +1,1 @@
+"""agent/audio: framing, resampling, FIFOs, playout and pacing."""

@@ -1,0 +1,1 @@
+"""agent/logs: JSON log lines, redaction, throttling."""

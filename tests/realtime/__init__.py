@@ -1,0 +1,1 @@
+"""agent/realtime and the /v1/realtime/calls API."""

@@ -1,0 +1,1 @@
+"""signaling/: routes, auth, CORS, limits, drain, slow clients, TLS, the server CLI."""

@@ -1,0 +1,1 @@
+"""The browser page (Chromium, Firefox) and the wheel that ships it."""

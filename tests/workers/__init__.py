@@ -1,0 +1,1 @@
+"""signaling/workers: --workers N behind one port."""
