@@ -33,6 +33,7 @@ from agent.rtc_tuning import limit_host_addresses, parse_codec_list
 from signaling import address_limit, auth, bad_requests, cors, drain, gc_tuning, ice, page, slow_clients, telephony
 
 from signaling.workers import channel
+from signaling.sip import config as sip_config, service as sip_service
 from signaling.plugin_flags import PluginFlagsParser, plugin_extra
 from signaling.app import create_app
 from signaling.serving import Listeners, serve
@@ -189,6 +190,7 @@ def build_parser() -> argparse.ArgumentParser:
     drain.add_arguments(calls)
     auth.add_arguments(parser)
     telephony.add_arguments(parser)
+    sip_config.add_arguments(parser)
     ice.add_arguments(parser)
     cors.add_arguments(parser)
     page.add_arguments(parser)
@@ -317,6 +319,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                      metrics_enabled=not args.no_metrics,
                      voice_upload_bytes=args.max_voice_upload_bytes, workers=group,
                      token_url_origins=page.origins_from_args(args))
+    sip_service.install_from_args(app, args)  # --sip-listen: the SIP user agent (docs/sip.md)
     app.on_startup.append(_drain_on_sigterm)
     app.on_startup.append(gc_tuning.freeze_after_startup)  # after the plugin loaded
     if auth_settings.open:

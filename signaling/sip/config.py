@@ -1,0 +1,95 @@
+"""The SIP user agent's settings and command-line flags (`--sip-listen` turns it on)."""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+from dataclasses import dataclass, field
+
+from agent.telephony.address_policy import DEFAULT_RTP_ALLOW, IPNetwork, parse_networks
+from signaling.sip.message import MAX_MESSAGE_BYTES
+from signaling.sip.timers import TimerSettings
+
+WILDCARDS = ("0.0.0.0", "::")
+
+
+@dataclass(frozen=True)
+class SipConfig:
+    listen_host: str = "127.0.0.1"
+    listen_port: int = 5060  # 0: any free port (tests)
+    advertise: str | None = None  # the host put in Via and Contact (and SDP if RTP binds *)
+    allowed_networks: tuple[IPNetwork, ...] = field(
+        default_factory=lambda: parse_networks(DEFAULT_RTP_ALLOW))
+    ring_seconds: float = 0.0  # between 180 Ringing and the 200 OK
+    timers: TimerSettings = field(default_factory=TimerSettings)
+    max_message_bytes: int = MAX_MESSAGE_BYTES
+
+    @property
+    def advertised_host(self) -> str:
+        return self.advertise or self.listen_host
+
+
+def parse_listen(text: str) -> tuple[str, int]:
+    """`HOST:PORT` or `[V6]:PORT` with an IP literal host."""
+    host, sep, port_text = text.strip().rpartition(":")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    try:
+        ip = ipaddress.ip_address(host)
+        port = int(port_text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected HOST:PORT with an IP address, e.g. 127.0.0.1:5060, not {text!r}") from None
+    if not sep or not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"invalid port in {text!r}")
+    return str(ip), port
+
+
+def _network(text: str) -> str:
+    try:
+        parse_networks([text])
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value <= 60:
+        raise argparse.ArgumentTypeError(f"expected 0 to 60 seconds, not {text!r}")
+    return value
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("SIP (docs/sip.md)")
+    group.add_argument("--sip-listen", type=parse_listen, default=None, metavar="HOST:PORT",
+                       help="answer SIP calls over UDP and TCP on HOST:PORT, e.g. "
+                       "127.0.0.1:5060 (default: off); media goes over RTP legs (--rtp-*)")
+    group.add_argument("--sip-advertise", default=None, metavar="HOST",
+                       help="address put in Via and Contact, and in the SDP when --rtp-bind "
+                       "is a wildcard without --rtp-advertise (default: the --sip-listen "
+                       "host; required when that is 0.0.0.0 or ::)")
+    group.add_argument("--sip-allow", action="append", type=_network, default=None,
+                       metavar="CIDR",
+                       help="network allowed to send SIP requests; others get 403 (repeatable; "
+                       f"default {' '.join(DEFAULT_RTP_ALLOW)})")
+    group.add_argument("--sip-ring-seconds", type=_seconds, default=0.0, metavar="S",
+                       help="ring S seconds (180 Ringing) before answering (default 0)")
+
+
+def config_from_args(args: argparse.Namespace) -> SipConfig | None:
+    """The SIP settings, or None without --sip-listen. ValueError: an inconsistent set."""
+    if args.sip_listen is None:
+        return None
+    host, port = args.sip_listen
+    if host in WILDCARDS and not args.sip_advertise:
+        raise ValueError(f"--sip-listen {host} needs --sip-advertise: the address callers "
+                         "reach this host at, put in Via and Contact")
+    return SipConfig(
+        listen_host=host, listen_port=port, advertise=args.sip_advertise,
+        allowed_networks=parse_networks(args.sip_allow or DEFAULT_RTP_ALLOW),
+        ring_seconds=args.sip_ring_seconds,
+    )

@@ -1,0 +1,139 @@
+"""A SIP call's media: the existing plain RTP leg, told where to send by SDP.
+
+`SipRtpLeg` is `agent.telephony.rtp_leg.RtpLeg` with its own transport name ("sip", so
+`/health`, `/metrics` and `/metrics/calls` tell SIP calls from HTTP-created RTP legs), the
+SDP's direction applied (on hold the agent stops sending; while the caller sends nothing by
+agreement, silence is not idleness) and the remote address movable by a re-INVITE. When the
+leg ends for any reason (idle timeout, `DELETE /v1/realtime/calls/{id}`, drain, shutdown) it
+tells the user agent, which sends the BYE. The remote is the SDP's c=/m= address, checked
+against `--rtp-allow` like an HTTP-created leg's; RTP is taken from that IP on the first port
+it sends from.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import random
+from collections.abc import Callable
+from typing import Any
+
+from agent.errors import CallError
+from agent.leg import prepare_config
+from agent.media_agent import MediaAgent
+from agent.plugins.base import SessionConfig
+from agent.telephony.rtp_leg import Address, RtpLeg, RtpSettings, check_remote
+from signaling.auth import Principal
+from signaling.sip.sdp import AudioChoice
+
+# The owner of every SIP call: the server itself. An open server, or an --admin-key (and a
+# key of no tenant), may list and end it through /v1/realtime/calls/{id} like any call.
+SIP_OWNER = Principal("sip")
+
+LegClosed = Callable[["SipRtpLeg", str], None]
+
+
+class SipRtpLeg(RtpLeg):
+    id_prefix = "sip"
+    transport = "sip"
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.agent_sends = True  # the answer's direction lets the agent send
+        self.caller_sends = True  # the offer's direction says the caller sends
+        self.on_closed: LegClosed | None = None
+        self.sip_call_id: str | None = None
+        self.direction = "sendrecv"
+        self._protocol: _SipRtpProtocol | None = None
+
+    def apply(self, choice: AudioChoice, direction: str) -> None:
+        """Direction and remote address from an offer (the initial INVITE or a re-INVITE)."""
+        self.direction = direction
+        self.agent_sends = choice.agent_sends
+        self.caller_sends = choice.caller_sends
+        if choice.remote is not None and choice.remote != self.remote:
+            self.remote = choice.remote
+            self.remote_source = None  # learn the new sender's port afresh
+            self.latching = False
+
+    def _send_one(self, payload: bytes) -> None:
+        # RtpLeg's 20 ms tick: inbound playout, then one packet out. On hold, only the first.
+        if not self.caller_sends:  # held or muted by agreement: no audio is not idleness
+            self.watchdog.media_started()
+            self.watchdog.heard()
+        if self.agent_sends:
+            super()._send_one(payload)
+        else:
+            self._play_one()
+
+    async def close_socket(self, reason: str) -> None:
+        try:
+            await super().close_socket(reason)
+        finally:
+            if self._protocol is not None:
+                self._protocol.leg = None
+            callback, self.on_closed = self.on_closed, None
+            if callback is not None:
+                callback(self, reason)
+
+    def stats(self) -> dict[str, Any]:
+        return {**super().stats(), "sip_call_id": self.sip_call_id, "direction": self.direction}
+
+
+class _SipRtpProtocol(asyncio.DatagramProtocol):
+    def __init__(self) -> None:
+        self.leg: SipRtpLeg | None = None
+
+    def datagram_received(self, data: bytes, addr: tuple[Any, ...]) -> None:
+        if self.leg is not None:
+            self.leg.on_datagram(data, addr)
+
+    def error_received(self, exc: Exception) -> None:
+        pass  # ICMP unreachable before the far end is up: not a reason to end
+
+
+async def _bind(settings: RtpSettings) -> tuple[asyncio.DatagramTransport, _SipRtpProtocol, int]:
+    """An even port of the RTP range, as HTTP-created legs take them."""
+    loop = asyncio.get_running_loop()
+    first = settings.port_min + (settings.port_min % 2)
+    ports = list(range(first, settings.port_max + 1, 2)) or [settings.port_min]
+    offset = random.randrange(len(ports))
+    for port in ports[offset:] + ports[:offset]:
+        try:
+            transport, protocol = await loop.create_datagram_endpoint(
+                _SipRtpProtocol, local_addr=(settings.bind_host, port))
+        except OSError as exc:
+            if exc.errno in (errno.EADDRINUSE, errno.EACCES):
+                continue
+            raise CallError("rtp_bind_failed", f"could not open an RTP port: {exc.strerror}",
+                            status=500) from None
+        return transport, protocol, port
+    raise CallError("no_rtp_port", f"every RTP port in {settings.port_min}-{settings.port_max} "
+                    "is in use; retry later", status=503)
+
+
+async def open_sip_leg(agent: MediaAgent, choice: AudioChoice, settings: RtpSettings,
+                       sip_call_id: str, on_closed: LegClosed) -> SipRtpLeg:
+    """Admit, bind, open the plugin session (the server's default session) and start
+    sending. Raises CallError (full, draining, no port) or PluginError."""
+    remote: Address | None = choice.remote
+    if remote is not None:
+        check_remote(remote[0], settings)
+    with agent.admit():
+        transport, protocol, port = await _bind(settings)
+        leg = SipRtpLeg(agent, choice.codec, transport, (settings.local_host, port), remote,
+                        settings, dtmf_payload_type=choice.dtmf_payload_type)
+    protocol.leg = leg
+    leg._protocol = protocol
+    leg.owner = SIP_OWNER
+    leg.sip_call_id = sip_call_id
+    leg.apply(choice, choice.answer_direction)
+    try:
+        await leg.open_plugin_slot(await prepare_config(leg.plugin, SessionConfig()))
+    except BaseException:
+        await leg.close("setup_failed")
+        raise
+    leg.on_closed = on_closed  # from here on, the call's end is the user agent's to signal
+    leg.start_watchdog()
+    leg.start_sending()
+    return leg

@@ -1,0 +1,85 @@
+"""The SIP user agent's place in the aiohttp app: started and stopped with it.
+
+`install_from_args(app, args)` is the one call the CLI makes: without `--sip-listen` it does
+nothing. The agent starts listening during app start-up and, at clean-up (after the app's
+shutdown ended every leg, whose BYEs are then on their way), gives those BYEs a moment and
+closes its sockets. `GET /metrics/sip` shows its calls, transactions and counters (auth as
+for `/metrics/calls`). With several workers only worker 0 serves SIP.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from collections.abc import AsyncIterator
+
+from aiohttp import web
+
+from agent.cli_errors import CliError, exit_with_error
+from signaling.keys import AGENT_KEY
+from signaling.sip.config import SipConfig, config_from_args
+from signaling.sip.ua import UserAgent
+from signaling.telephony import TELEPHONY_KEY, TelephonyConfig
+
+log = logging.getLogger(__name__)
+
+STATS_PATH = "/metrics/sip"
+
+
+class SipService:
+    """Holds the running user agent (None before start-up and after clean-up)."""
+
+    def __init__(self, config: SipConfig) -> None:
+        self.config = config
+        self.ua: UserAgent | None = None
+
+
+SIP_SERVICE_KEY = web.AppKey("sip_service", SipService)
+
+
+def install(app: web.Application, config: SipConfig) -> SipService:
+    service = SipService(config)
+    app[SIP_SERVICE_KEY] = service
+
+    async def lifetime(app: web.Application) -> AsyncIterator[None]:
+        telephony = app.get(TELEPHONY_KEY) or TelephonyConfig()
+        ua = UserAgent(app[AGENT_KEY], config, telephony.rtp)
+        try:
+            await ua.start()
+        except OSError as exc:
+            await ua.stop()
+            raise CliError("sip_listen_failed", f"cannot listen for SIP on "
+                           f"{config.listen_host}:{config.listen_port}: {exc.strerror or exc}"
+                           ) from None
+        service.ua = ua
+        try:
+            yield
+        finally:
+            service.ua = None
+            await ua.stop()
+
+    app.cleanup_ctx.append(lifetime)
+    app.router.add_get(STATS_PATH, get_stats)
+    return service
+
+
+async def get_stats(request: web.Request) -> web.Response:
+    ua = request.app[SIP_SERVICE_KEY].ua
+    if ua is None:
+        return web.json_response({"running": False})
+    return web.json_response({"running": True, **ua.stats()})
+
+
+def install_from_args(app: web.Application, args: argparse.Namespace) -> None:
+    """Serve SIP when --sip-listen asks for it (worker 0 only with several workers)."""
+    try:
+        config = config_from_args(args)
+    except ValueError as exc:
+        exit_with_error("sip_config_invalid", str(exc), cause=exc)
+    if config is None:
+        return
+    worker = getattr(args, "worker_index", None)
+    if worker not in (None, 0):
+        log.info("sip: served by worker 0; worker %d takes none", worker)
+        return
+    install(app, config)

@@ -1,0 +1,263 @@
+"""SIP over UDP and TCP on one address (RFC 3261 §18): bytes in, bytes out, nothing more.
+
+The UDP socket hands each datagram to the user agent as one message. TCP connections cut
+their byte stream into messages by Content-Length (`message.frame_stream`), answer RFC 5626
+keep-alives (CRLF CRLF → CRLF), and close on a framing error (after the 400/413 the user
+agent writes), after `TCP_IDLE_SECONDS` without a byte, or at once when the peer's address
+is not allowed to talk SIP. Every message comes with its `Flow`: where it came from and how
+to answer on the same path. Outbound requests over TCP reuse a connection to the same peer
+or open one (bounded in time).
+
+Why our own: no SIP library on PyPI is fit (docs/sip.md).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from agent.logs.log_safe import LogThrottle, held_back_note
+from signaling.sip.message import MAX_MESSAGE_BYTES, Frame, ParseFailure, frame_stream
+
+log = logging.getLogger(__name__)
+
+Address = tuple[str, int]
+TCP_IDLE_SECONDS = 300.0
+TCP_CONNECT_SECONDS = 5.0
+MAX_TCP_CONNECTIONS = 1024
+MAX_DATAGRAM = 65535
+
+
+@dataclass
+class Flow:
+    """The path a message came by, and the way back along it."""
+
+    transport: str  # "UDP" or "TCP"
+    remote: Address
+    local: Address
+    send: Callable[[bytes], None]  # raises ConnectionError when a TCP flow is gone
+
+    @property
+    def reliable(self) -> bool:
+        return self.transport != "UDP"
+
+
+MessageHandler = Callable[[bytes, Flow], None]
+FailureHandler = Callable[[ParseFailure, Flow], None]
+AddressCheck = Callable[[str], bool]
+
+
+def _address(sockaddr: Any) -> Address:
+    host = str(sockaddr[0]).split("%", 1)[0]
+    if host.startswith("::ffff:") and "." in host:
+        host = host[7:]
+    return host, int(sockaddr[1])
+
+
+class _UdpProtocol(asyncio.DatagramProtocol):
+    def __init__(self, owner: SipTransports) -> None:
+        self.owner = owner
+
+    def datagram_received(self, data: bytes, addr: tuple[Any, ...]) -> None:
+        self.owner.on_datagram(data, _address(addr))
+
+    def error_received(self, exc: Exception) -> None:
+        log.debug("sip udp: %r", exc)
+
+
+class TcpConnection(asyncio.Protocol):
+    def __init__(self, owner: SipTransports) -> None:
+        self.owner = owner
+        self.transport: asyncio.Transport | None = None
+        self.remote: Address = ("", 0)
+        self.local: Address = ("", 0)
+        self.flow: Flow | None = None
+        self._buffer = bytearray()
+        self._idle: asyncio.TimerHandle | None = None
+        self.closed = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        self.remote = _address(transport.get_extra_info("peername"))
+        self.local = _address(transport.get_extra_info("sockname"))
+        self.flow = Flow("TCP", self.remote, self.local, self.write)
+        if not self.owner.admit_connection(self):
+            transport.abort()
+            self.closed = True
+            return
+        self._touch()
+
+    def _touch(self) -> None:
+        if self._idle is not None:
+            self._idle.cancel()
+        self._idle = asyncio.get_running_loop().call_later(TCP_IDLE_SECONDS, self.close)
+
+    def write(self, data: bytes) -> None:
+        if self.closed or self.transport is None or self.transport.is_closing():
+            raise ConnectionError("the TCP connection is closed")
+        self.transport.write(data)
+
+    def data_received(self, data: bytes) -> None:
+        if self.closed:
+            return
+        self._touch()
+        self._buffer.extend(data)
+        while self._buffer and not self.closed:
+            frame = frame_stream(self._buffer, self.owner.max_message_bytes)
+            if frame is None:
+                return
+            if isinstance(frame, ParseFailure):
+                assert self.flow is not None
+                self.owner.on_failure(frame, self.flow)
+                self.close()  # the stream cannot be resynchronised
+                return
+            self._take(frame)
+
+    def _take(self, frame: Frame) -> None:
+        del self._buffer[: frame.consumed]
+        if not frame.data:
+            if frame.consumed >= 4:
+                self.write(b"\r\n")  # RFC 5626 pong to a CRLF CRLF ping
+            return
+        assert self.flow is not None
+        self.owner.on_stream_message(frame.data, self.flow)
+
+    def close(self) -> None:
+        if self.transport is not None and not self.closed:
+            self.transport.close()  # flushes what was written first
+        self.closed = True
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        if self._idle is not None:
+            self._idle.cancel()
+            self._idle = None
+        self._buffer.clear()
+        self.owner.forget_connection(self)
+
+
+class SipTransports:
+    """The UDP socket and TCP listener on one host:port, and the TCP connections."""
+
+    def __init__(self, on_message: MessageHandler, on_failure: FailureHandler,
+                 allowed: AddressCheck, max_message_bytes: int = MAX_MESSAGE_BYTES) -> None:
+        self.on_message = on_message
+        self.on_failure = on_failure
+        self.allowed = allowed
+        self.max_message_bytes = max_message_bytes
+        self.host = ""
+        self.port = 0
+        self._udp: asyncio.DatagramTransport | None = None
+        self._tcp: asyncio.Server | None = None
+        self.connections: dict[Address, TcpConnection] = {}
+        self.refused_connections = 0
+        self._refusals = LogThrottle(5.0)
+
+    async def start(self, host: str, port: int) -> int:
+        """Bind UDP and TCP on the same port (0: a free one); returns the port."""
+        attempts = 20 if port == 0 else 1
+        for attempt in range(attempts):
+            try:
+                return await self._bind(host, port)
+            except OSError as exc:
+                if port != 0 or exc.errno != errno.EADDRINUSE or attempt == attempts - 1:
+                    raise
+        raise AssertionError("unreachable")
+
+    async def _bind(self, host: str, port: int) -> int:
+        loop = asyncio.get_running_loop()
+        udp, _ = await loop.create_datagram_endpoint(lambda: _UdpProtocol(self),
+                                                     local_addr=(host, port))
+        bound = int(udp.get_extra_info("sockname")[1])
+        try:
+            self._tcp = await loop.create_server(lambda: TcpConnection(self), host, bound,
+                                                 reuse_address=True)
+        except OSError:
+            udp.close()
+            raise
+        self._udp = udp
+        self.host, self.port = host, bound
+        return bound
+
+    # -- inbound ----------------------------------------------------------------------------
+
+    def on_datagram(self, data: bytes, remote: Address) -> None:
+        if len(data) > MAX_DATAGRAM or self._udp is None:
+            return
+        udp = self._udp
+
+        def send(reply: bytes, to: Address = remote) -> None:
+            udp.sendto(reply, to)
+
+        self.on_message(data, Flow("UDP", remote, (self.host, self.port), send))
+
+    def on_stream_message(self, data: bytes, flow: Flow) -> None:
+        self.on_message(data, flow)
+
+    def admit_connection(self, connection: TcpConnection) -> bool:
+        if not self.allowed(connection.remote[0]) or len(self.connections) >= MAX_TCP_CONNECTIONS:
+            self.refused_connections += 1
+            held = self._refusals.admit()
+            if held is not None:
+                log.info("sip: refused a TCP connection from %s%s", connection.remote[0],
+                         held_back_note(held, "refusals"))
+            return False
+        self.connections[connection.remote] = connection
+        return True
+
+    def forget_connection(self, connection: TcpConnection) -> None:
+        if self.connections.get(connection.remote) is connection:
+            del self.connections[connection.remote]
+
+    # -- outbound ---------------------------------------------------------------------------
+
+    def udp_sender(self, to: Address) -> Callable[[bytes], None]:
+        udp = self._udp
+
+        def send(data: bytes) -> None:
+            if udp is None or udp.is_closing():
+                raise ConnectionError("the SIP UDP socket is closed")
+            udp.sendto(data, to)
+
+        return send
+
+    async def flow_to(self, transport: str, to: Address) -> Flow:
+        """A way to send to `to`: the UDP socket, or a TCP connection (reused or opened)."""
+        if transport == "UDP":
+            return Flow("UDP", to, (self.host, self.port), self.udp_sender(to))
+        if transport != "TCP":
+            raise ConnectionError(f"SIP over {transport} is not served yet")
+        existing = self.connections.get(to)
+        if existing is not None and not existing.closed and existing.flow is not None:
+            return existing.flow
+        loop = asyncio.get_running_loop()
+        _, connection = await asyncio.wait_for(
+            loop.create_connection(lambda: TcpConnection(self), to[0], to[1]),
+            TCP_CONNECT_SECONDS)
+        if connection.flow is None or connection.closed:
+            raise ConnectionError(f"the TCP connection to {to[0]}:{to[1]} was refused")
+        return connection.flow
+
+    # -- teardown ---------------------------------------------------------------------------
+
+    async def close(self) -> None:
+        if self._udp is not None:
+            self._udp.close()
+            self._udp = None
+        for connection in list(self.connections.values()):
+            connection.close()
+        self.connections.clear()
+        if self._tcp is not None:
+            self._tcp.close()
+            await self._tcp.wait_closed()
+            self._tcp = None
+
+    def stats(self) -> dict[str, int]:
+        return {"tcp_connections": len(self.connections),
+                "tcp_refused": self.refused_connections}
+

@@ -1,0 +1,754 @@
+"""The SIP user agent: inbound calls answered by the media agent (RFC 3261 UAS core).
+
+Every message from the transports is parsed (message.py); a request from outside
+`--sip-allow` gets 403, a malformed one 400/413/416/505 where it can be addressed (else it is
+dropped), a retransmission is absorbed by its transaction (transaction.py). Then, by method:
+
+- INVITE (new): 100 Trying at once; 503 while the plugin is not up, the server drains or is
+  full; 415/488 for an offer the agent cannot serve (no SDP, no PCMU/PCMA, a media address
+  outside `--rtp-allow`); otherwise 180 Ringing, an RTP leg opened through the media agent's
+  admission (media.py), and 200 OK with the SDP answer, retransmitted (T1 doubling to T2)
+  until the ACK. No ACK within 64*T1: the call is ended with a BYE.
+- CANCEL before the answer: 200, then 487 to the INVITE, and the pending call is freed.
+- re-INVITE: hold/resume and a moved remote (200 with the mirrored direction), 488 for an
+  unusable offer (the call goes on), 491 while an offer/answer is still open.
+- BYE: 200 and the leg ends. The agent's own BYE (the leg ended: HTTP hang-up, idle timeout,
+  drain, shutdown) goes to the remote target through the route set, on a client transaction.
+- OPTIONS: 200 with Allow/Accept, 503 while draining, full or not ready (probes).
+- ACK, and 481 for BYE/CANCEL/re-INVITE of an unknown dialog; 405 for methods the agent
+  knows but does not serve, 501 for the rest; 420 for a Require it does not support.
+
+Nothing a peer sends raises out of here: an unexpected error is logged, counted, and the
+request answered 500.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import logging
+import socket
+import time
+from collections import Counter, deque
+from dataclasses import dataclass, field
+
+from agent.errors import AgentError
+from agent.logs.log_safe import LogThrottle, held_back_note, printable
+from agent.media_agent import MediaAgent
+from agent.task_owner import TaskOwner
+from agent.telephony.address_policy import refusal_for
+from agent.telephony.rtp_leg import RtpSettings
+from signaling.sip.config import WILDCARDS, SipConfig
+from signaling.sip.dialog import Dialog, DialogId, new_tag
+from signaling.sip.media import SipRtpLeg, open_sip_leg
+from signaling.sip.message import (
+    REASONS,
+    Headers,
+    ParseFailure,
+    SipRequest,
+    SipResponse,
+    parse_message,
+    parse_via,
+)
+from signaling.sip.sdp import (
+    AudioChoice,
+    SdpError,
+    SessionDescription,
+    build_answer,
+    choose_audio,
+    parse_sdp,
+)
+from signaling.sip.timers import LoopTimers, TimerHandle, Timers
+from signaling.sip.transaction import (
+    COMPLETED,
+    InviteServerTransaction,
+    Send,
+    ServerKey,
+    ServerTransaction,
+    TransactionLayer,
+    server_key,
+)
+from signaling.sip.transaction import (
+    CONFIRMED as TX_CONFIRMED,
+)
+from signaling.sip.transport import Flow, SipTransports
+from signaling.sip.uri import Uri
+
+log = logging.getLogger(__name__)
+
+ALLOW = "INVITE, ACK, BYE, CANCEL, OPTIONS"
+KNOWN_UNSUPPORTED = frozenset({"REGISTER", "SUBSCRIBE", "NOTIFY", "REFER", "MESSAGE", "INFO",
+                               "UPDATE", "PRACK", "PUBLISH"})
+SERVER_NAME = "duplex-agent"
+RETRY_AFTER_SECONDS = 5
+STOP_GRACE_SECONDS = 2.0
+SETUP_SAMPLES = 1000
+
+# Call states.
+EARLY = "early"  # INVITE received, not answered yet
+ANSWERED = "answered"  # a 2xx sent (INVITE or re-INVITE), waiting for its ACK
+CONFIRMED = "confirmed"
+ENDING = "ending"  # our BYE is on its way
+ENDED = "ended"
+
+
+@dataclass
+class SipCall:
+    """One inbound call: its dialog, the INVITE being answered, the media leg."""
+
+    invite: SipRequest
+    invite_tx: InviteServerTransaction
+    flow: Flow
+    dialog: Dialog
+    offer: SessionDescription
+    choice: AudioChoice
+    state: str = EARLY
+    leg: SipRtpLeg | None = None
+    received_at: float = field(default_factory=time.monotonic)
+    sdp_session: int = field(default_factory=lambda: int(time.time()))
+    sdp_version: int = 1
+    local_sdp: bytes = b""
+    ack_cseq: int = 0  # the CSeq an ACK must carry for the 2xx being retransmitted
+    bye_reason: str | None = None  # the leg ended before the ACK: BYE once it comes
+    tasks: TaskOwner = field(default_factory=lambda: TaskOwner("sip-call"))
+    timers: dict[str, TimerHandle] = field(default_factory=dict)
+
+    @property
+    def id(self) -> DialogId:
+        return self.dialog.id
+
+    def stop_timers(self) -> None:
+        for handle in self.timers.values():
+            handle.cancel()
+        self.timers.clear()
+
+
+def dialog_id_of(request: SipRequest) -> DialogId:
+    """The dialog an incoming request is in: (Call-ID, its To tag = ours, its From tag)."""
+    return request.call_id, request.to_addr.tag or "", request.from_addr.tag or ""
+
+
+class UserAgent:
+    def __init__(self, agent: MediaAgent, config: SipConfig, rtp: RtpSettings,
+                 timers: Timers | None = None) -> None:
+        self.agent = agent
+        self.config = config
+        self.rtp = rtp
+        self.timers = timers or LoopTimers()
+        self.transactions = TransactionLayer(self.timers, config.timers)
+        self.transports = SipTransports(self._on_message, self._on_failure, self._allowed,
+                                        config.max_message_bytes)
+        self.calls: dict[DialogId, SipCall] = {}
+        self._by_invite: dict[ServerKey, SipCall] = {}
+        self._by_remote: dict[tuple[str, str], SipCall] = {}  # (Call-ID, From tag)
+        self._by_leg: dict[str, SipCall] = {}
+        self.tasks = TaskOwner("sip-ua")
+        self.counters: Counter[str] = Counter()
+        self.setup_ms: deque[float] = deque(maxlen=SETUP_SAMPLES)  # INVITE → 200 OK
+        self._noise = LogThrottle(1.0)
+
+    # -- lifetime ---------------------------------------------------------------------------
+
+    async def start(self) -> int:
+        port = await self.transports.start(self.config.listen_host, self.config.listen_port)
+        log.info("sip: listening on udp+tcp %s:%d (advertised as %s)",
+                 self.config.listen_host, port, self.config.advertised_host)
+        return port
+
+    @property
+    def port(self) -> int:
+        return self.transports.port
+
+    async def stop(self) -> None:
+        """End every call (BYE where answered, 503 where still ringing), give the BYEs a
+        moment to be answered, then close everything."""
+        for call in list(self.calls.values()):
+            if call.state == EARLY:
+                self._reject(call, 503, headers=[("Retry-After", str(RETRY_AFTER_SECONDS))])
+            elif call.state in (ANSWERED, CONFIRMED):
+                self._detach_leg(call, "shutdown")
+                self._hangup(call, "shutdown")
+        deadline = time.monotonic() + STOP_GRACE_SECONDS
+        while self.tasks and time.monotonic() < deadline:  # the BYEs, until answered
+            await asyncio.sleep(0.05)
+        for call in list(self.calls.values()):
+            self._forget(call)
+        cancelled = self.tasks.cancel_all()
+        if cancelled:
+            await asyncio.gather(*cancelled, return_exceptions=True)
+        self.transactions.close()
+        await self.transports.close()
+        log.info("sip: stopped")
+
+    def stats(self) -> dict[str, object]:
+        states = Counter(call.state for call in self.calls.values())
+        setup = sorted(self.setup_ms)
+        return {
+            "listen": f"{self.config.listen_host}:{self.port}",
+            "calls": len(self.calls),
+            "call_states": dict(states),
+            "transactions": self.transactions.stats(),
+            "transport": self.transports.stats(),
+            "tasks": len(self.tasks),
+            "counters": dict(self.counters),
+            "invite_to_200_ms": {
+                "count": len(setup),
+                "p50": round(setup[len(setup) // 2], 2) if setup else None,
+                "p95": round(setup[min(len(setup) - 1, int(len(setup) * 0.95))], 2)
+                if setup else None,
+            },
+        }
+
+    # -- inbound ----------------------------------------------------------------------------
+
+    def _allowed(self, host: str) -> bool:
+        return refusal_for(host, self.config.allowed_networks) is None
+
+    def _note(self, counter: str, message: str, *args: object) -> None:
+        self.counters[counter] += 1
+        held = self._noise.admit()
+        if held is not None:
+            log.info("sip: " + message + "%s", *args, held_back_note(held, "lines"))
+
+    def _on_message(self, data: bytes, flow: Flow) -> None:
+        self.counters["messages_in"] += 1
+        result = parse_message(data, stream=flow.reliable,
+                               max_bytes=self.config.max_message_bytes)
+        if isinstance(result, ParseFailure):
+            self._on_failure(result, flow)
+            return
+        if not self._allowed(flow.remote[0]):
+            self._note("forbidden", "%s from %s, outside --sip-allow", type(result).__name__,
+                       flow.remote[0])
+            if isinstance(result, SipRequest) and result.method != "ACK":
+                self._reply_stateless(result, flow, 403)
+            return
+        try:
+            if isinstance(result, SipResponse):
+                if not self.transactions.receive_response(result):
+                    self.counters["stray_responses"] += 1
+                return
+            self._on_request(result, flow)
+        except Exception:
+            self.counters["internal_errors"] += 1
+            log.exception("sip: failed to handle a message from %s", flow.remote[0])
+            if isinstance(result, SipRequest) and result.method != "ACK":
+                self._reply_stateless(result, flow, 500)
+
+    def _on_failure(self, failure: ParseFailure, flow: Flow) -> None:
+        if not self._allowed(flow.remote[0]):
+            self.counters["forbidden"] += 1
+            return
+        if failure.code == "empty":
+            return  # a keep-alive
+        self._note("malformed", "unusable message from %s: %s (%s)", flow.remote[0],
+                   failure.code, printable(failure.message))
+        partial = failure.partial
+        if failure.status is None or partial is None or partial.method == "ACK":
+            return
+        if not partial.headers.get_all("via"):
+            return  # nowhere to address an answer
+        self._reply_stateless(partial, flow, failure.status,
+                              headers=[("Warning", f'399 {SERVER_NAME} "{failure.code}"')])
+
+    def _on_request(self, request: SipRequest, flow: Flow) -> None:
+        self._stamp_via(request, flow)
+        if request.method == "ACK":
+            self._on_ack(request)
+            return
+        existing = self.transactions.find_server(request)
+        if existing is not None:
+            self.counters["retransmissions_absorbed"] += 1
+            existing.on_request(request)
+            return
+        tx = self.transactions.new_server(request, self._response_sender(request, flow),
+                                          flow.reliable)
+        if request.method == "INVITE":
+            tx.respond(self._response(request, 100))
+        unsupported = self._unsupported(request)
+        if unsupported:
+            tx.respond(self._response(request, 420, headers=[("Unsupported", unsupported)]))
+            return
+        method = request.method
+        if method == "INVITE":
+            assert isinstance(tx, InviteServerTransaction)
+            if request.to_addr.tag:
+                self._on_reinvite(request, tx)
+            else:
+                self._on_invite(request, tx, flow)
+        elif method == "BYE":
+            self._on_bye(request, tx)
+        elif method == "CANCEL":
+            self._on_cancel(request, tx)
+        elif method == "OPTIONS":
+            self._on_options(request, tx)
+        elif method in KNOWN_UNSUPPORTED:
+            tx.respond(self._response(request, 405, headers=[("Allow", ALLOW)]))
+        else:
+            tx.respond(self._response(request, 501, headers=[("Allow", ALLOW)]))
+
+    def _unsupported(self, request: SipRequest) -> str:
+        if request.method in ("ACK", "CANCEL"):
+            return ""
+        return ", ".join(request.headers.get_all("require"))  # no extension is supported yet
+
+    def _stamp_via(self, request: SipRequest, flow: Flow) -> None:
+        """§18.2.1 and RFC 3581: note where the request really came from in its top Via."""
+        values = request.headers.get_all("via")
+        via = parse_via(values[0]) if values else None
+        if via is None:
+            return
+        params = list(via.params)
+        changed = False
+        if via.host != flow.remote[0]:
+            params = [p for p in params if p[0].lower() != "received"]
+            params.append(("received", flow.remote[0]))
+            changed = True
+        if any(name.lower() == "rport" and not value for name, value in params):
+            params = [(n, str(flow.remote[1]) if n.lower() == "rport" else v) for n, v in params]
+            changed = True
+        if changed:
+            values[0] = str(type(via)(via.protocol, via.transport, via.host, via.port,
+                                      tuple(params)))
+            request.headers.replace_values("via", values)
+
+    # -- responses --------------------------------------------------------------------------
+
+    def _response_sender(self, request: SipRequest, flow: Flow) -> Send:
+        """§18.2.2: over TCP back on the connection; over UDP to the source address, at the
+        rport (RFC 3581) or the sent-by port."""
+        if flow.reliable:
+            return flow.send
+        via = request.top_via
+        port = flow.remote[1]
+        if via is not None:
+            rport = via.param("rport")
+            port = int(rport) if rport and rport.isdigit() else (via.port or 5060)
+        return self.transports.udp_sender((flow.remote[0], port))
+
+    def _response(self, request: SipRequest, status: int, *, to_tag: str | None = None,
+                  headers: list[tuple[str, str]] | None = None, body: bytes = b"",
+                  content_type: str | None = None, reason: str | None = None) -> SipResponse:
+        """§8.2.6: a response to `request` (Via, From, To, Call-ID, CSeq copied; a tag, ours
+        for the call or a fresh one, added to To when it has none, except on 100)."""
+        out = Headers()
+        for value in request.headers.lines("via"):
+            out.add("Via", value)
+        for name in ("from", "to", "call-id", "cseq"):
+            copied = request.headers.get(name)
+            if copied is None:
+                continue
+            if name == "to" and status > 100 and request.to_addr.tag is None:
+                copied = f"{copied};tag={to_tag or new_tag()}"
+            out.add(name, copied)
+        if (request.method == "INVITE" and 100 < status < 300
+                and request.to_addr.tag is None):
+            for route in request.headers.lines("record-route"):
+                out.add("Record-Route", route)  # §12.1.1: the route set goes back
+        if status == 100 and "timestamp" in request.headers:
+            out.add("Timestamp", request.headers.get("timestamp") or "")
+        out.add("Server", SERVER_NAME)
+        for name, value in headers or []:
+            out.add(name, value)
+        if body:
+            out.add("Content-Type", content_type or "application/sdp")
+        return SipResponse(headers=out, body=body, status=status,
+                           reason=reason or REASONS.get(status, "Unknown"))
+
+    def _reply_stateless(self, request: SipRequest, flow: Flow, status: int,
+                         headers: list[tuple[str, str]] | None = None) -> None:
+        try:
+            self._response_sender(request, flow)(
+                self._response(request, status, headers=headers).to_bytes())
+        except (OSError, ConnectionError) as exc:
+            log.debug("sip: could not send %d: %r", status, exc)
+
+    def _contact(self, transport: str) -> str:
+        host = self.config.advertised_host
+        host = f"[{host}]" if ":" in host else host
+        suffix = ";transport=tcp" if transport == "TCP" else ""
+        return f"<sip:agent@{host}:{self.port}{suffix}>"
+
+    # -- new calls --------------------------------------------------------------------------
+
+    def _admission_refusal(self) -> tuple[int, str] | None:
+        if not self.agent.started:
+            return 503, "Not Ready"
+        if self.agent.draining:
+            return 503, "Draining"
+        if not self.agent.has_room:
+            return 503, "Server Full"
+        return None
+
+    def _on_invite(self, request: SipRequest, tx: InviteServerTransaction, flow: Flow) -> None:
+        self.counters["invites"] += 1
+        remote_key = (request.call_id, request.from_addr.tag or "")
+        if remote_key in self._by_remote:
+            # §8.2.2.2: the same request by another path (a fork merged back, a loop).
+            tx.respond(self._response(request, 482))
+            return
+        refusal = self._admission_refusal()
+        if refusal is not None:
+            self.counters["refused_" + refusal[1].lower().replace(" ", "_")] += 1
+            tx.respond(self._response(request, refusal[0], reason=refusal[1],
+                                      headers=[("Retry-After", str(RETRY_AFTER_SECONDS))]))
+            return
+        problem = self._offer_problem(request)
+        if isinstance(problem, SipResponse):
+            self.counters["refused_offer"] += 1
+            tx.respond(problem)
+            return
+        offer, choice = problem
+        local_tag = new_tag()
+        dialog = Dialog.from_invite(request, local_tag, flow.transport)
+        if dialog is None:
+            tx.respond(self._response(request, 400, to_tag=local_tag,
+                                      reason="Missing or Invalid Contact"))
+            return
+        call = SipCall(request, tx, flow, dialog, offer, choice)
+        call.ack_cseq = request.cseq.number
+        self.calls[dialog.id] = call
+        self._by_invite[server_key(request)] = call
+        self._by_remote[remote_key] = call
+        tx.respond(self._response(request, 180, to_tag=local_tag,
+                                  headers=[("Contact", self._contact(flow.transport))]))
+        call.tasks.spawn(self._answer(call), "answer")
+
+    def _offer_problem(self, request: SipRequest,
+                       codecs: tuple[str, ...] = ("PCMU", "PCMA"),
+                       to_tag: str | None = None
+                       ) -> SipResponse | tuple[SessionDescription, AudioChoice]:
+        """The offer and the stream chosen from it, or the response refusing it."""
+        tag = to_tag or new_tag()
+        if not request.body:
+            return self._response(request, 488, to_tag=tag, headers=[
+                ("Warning", (f'399 {SERVER_NAME} "an INVITE without an SDP offer is not '
+                             'served yet"'))])
+        if request.content_type != "application/sdp":
+            return self._response(request, 415, to_tag=tag,
+                                  headers=[("Accept", "application/sdp")])
+        offer = parse_sdp(request.body)
+        choice = choose_audio(offer, codecs) if not isinstance(offer, SdpError) else offer
+        if isinstance(choice, SdpError):
+            return self._response(request, choice.status, to_tag=tag, headers=[
+                ("Warning", f'{choice.warning} {SERVER_NAME} "{choice.message}"')])
+        assert not isinstance(offer, SdpError)
+        if choice.remote is not None:
+            refusal = refusal_for(choice.remote[0], self.rtp.allowed_networks)
+            if refusal is not None:
+                return self._response(request, 488, to_tag=tag, headers=[
+                    ("Warning", (f'399 {SERVER_NAME} "{refusal.code}: media address '
+                                 f'{choice.remote[0]} not allowed (--rtp-allow)"'))])
+        return offer, choice
+
+    async def _answer(self, call: SipCall) -> None:
+        if self.config.ring_seconds > 0:
+            await asyncio.sleep(self.config.ring_seconds)
+        try:
+            leg = await open_sip_leg(self.agent, call.choice, self.rtp, call.dialog.call_id,
+                                     self._on_leg_closed)
+        except AgentError as exc:
+            busy = exc.status == 503
+            self.counters["refused_" + exc.code] += 1
+            log.info("sip: call %s refused: %s", printable(call.dialog.call_id), exc.code)
+            self._reject(call, 503 if busy else 500, reason=exc.code.replace("_", " ").title(),
+                         headers=[("Retry-After", str(RETRY_AFTER_SECONDS))] if busy else [])
+            return
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("sip: opening the media for %s failed", printable(call.dialog.call_id))
+            self._reject(call, 500)
+            return
+        if call.state != EARLY:  # cancelled, or hung up, while the leg was being opened
+            leg.on_closed = None
+            await leg.close("cancelled")
+            return
+        call.leg = leg
+        self._by_leg[leg.id] = call
+        call.local_sdp = self._local_sdp(call, call.offer, call.choice)
+        ok = self._ok(call, call.invite, call.local_sdp)
+        self.counters["answered"] += 1
+        self.setup_ms.append((time.monotonic() - call.received_at) * 1000)
+        log.info("sip: call %s answered on leg %s (%s, remote %s)",
+                 printable(call.dialog.call_id), leg.id, call.choice.codec.name,
+                 call.choice.remote)
+        self._send_2xx(call, call.invite_tx, ok)
+
+    def _local_sdp(self, call: SipCall, offer: SessionDescription, choice: AudioChoice,
+                   direction: str | None = None) -> bytes:
+        assert call.leg is not None
+        return build_answer(offer, choice, self._sdp_host(), call.leg.local[1],
+                            call.sdp_session, call.sdp_version, direction)
+
+    def _sdp_host(self) -> str:
+        """Where RTP is reached: --rtp-advertise, else --sip-advertise when RTP binds a
+        wildcard, else the RTP bind address."""
+        if self.rtp.advertised_host:
+            return self.rtp.advertised_host
+        if self.rtp.bind_host in WILDCARDS and self.config.advertise:
+            return self.config.advertise
+        return self.rtp.bind_host
+
+    def _ok(self, call: SipCall, request: SipRequest, sdp: bytes) -> SipResponse:
+        return self._response(request, 200, to_tag=call.dialog.local_tag, body=sdp, headers=[
+            ("Contact", self._contact(call.flow.transport)), ("Allow", ALLOW),
+            ("Supported", "")])
+
+    def _reject(self, call: SipCall, status: int, *, reason: str | None = None,
+                headers: list[tuple[str, str]] | None = None) -> None:
+        """Answer the pending INVITE with a final failure and free the call."""
+        if not call.invite_tx.final_sent:
+            call.invite_tx.respond(self._response(call.invite, status,
+                                                  to_tag=call.dialog.local_tag, reason=reason,
+                                                  headers=headers))
+        self._end(call, "rejected")
+
+    # -- 2xx retransmission and ACK (§13.3.1.4) ---------------------------------------------
+
+    def _send_2xx(self, call: SipCall, tx: InviteServerTransaction, ok: SipResponse) -> None:
+        call.state = ANSWERED
+        call.ack_cseq = tx.request.cseq.number
+        tx.respond(ok)
+        data = ok.to_bytes()
+        send = tx.send
+        settings = self.config.timers
+        interval = settings.t1
+
+        def retransmit() -> None:
+            nonlocal interval
+            if call.state != ANSWERED:
+                return
+            try:
+                send(data)
+            except (OSError, ConnectionError):
+                return
+            interval = min(2 * interval, settings.t2)
+            call.timers["2xx"] = self.timers.call_later(interval, retransmit)
+
+        if not call.flow.reliable:
+            call.timers["2xx"] = self.timers.call_later(interval, retransmit)
+        call.timers["no_ack"] = self.timers.call_later(settings.timeout,
+                                                       lambda: self._no_ack(call))
+
+    def _stop_2xx(self, call: SipCall) -> None:
+        for name in ("2xx", "no_ack"):
+            handle = call.timers.pop(name, None)
+            if handle is not None:
+                handle.cancel()
+
+    def _no_ack(self, call: SipCall) -> None:
+        if call.state != ANSWERED:
+            return
+        log.info("sip: no ACK for the 2xx of %s within %g s; ending it",
+                 printable(call.dialog.call_id), self.config.timers.timeout)
+        self.counters["no_ack"] += 1
+        self._stop_2xx(call)
+        self._detach_leg(call, "no_ack")
+        self._hangup(call, call.bye_reason or "no_ack")
+
+    def _on_ack(self, ack: SipRequest) -> None:
+        tx = self.transactions.find_server(ack)
+        if isinstance(tx, InviteServerTransaction) and tx.state in (COMPLETED, TX_CONFIRMED):
+            tx.on_request(ack)  # the ACK of a non-2xx: the transaction's business
+            return
+        call = self.calls.get(dialog_id_of(ack))
+        if call is None or call.state != ANSWERED or ack.cseq.number != call.ack_cseq:
+            self.counters["stray_acks"] += 1
+            return
+        self._stop_2xx(call)
+        call.state = CONFIRMED
+        if call.bye_reason is not None:
+            self._hangup(call, call.bye_reason)
+
+    # -- requests in a dialog ---------------------------------------------------------------
+
+    def _in_dialog(self, request: SipRequest, tx: ServerTransaction) -> SipCall | None:
+        """The request's call, its CSeq checked (§12.2.2); None when answered already."""
+        call = self.calls.get(dialog_id_of(request))
+        if call is None or call.state == ENDED:
+            self.counters["unknown_dialog"] += 1
+            tx.respond(self._response(request, 481))
+            return None
+        if request.cseq.number < call.dialog.remote_seq:
+            tx.respond(self._response(request, 500, reason="CSeq Out of Order"))
+            return None
+        call.dialog.remote_seq = request.cseq.number
+        return call
+
+    def _on_bye(self, request: SipRequest, tx: ServerTransaction) -> None:
+        call = self._in_dialog(request, tx)
+        if call is None:
+            return
+        tx.respond(self._response(request, 200))
+        if call.state == EARLY and not call.invite_tx.final_sent:
+            call.invite_tx.respond(self._response(call.invite, 487,
+                                                  to_tag=call.dialog.local_tag))
+        self.counters["remote_hangups"] += 1
+        self._end(call, "remote_hangup")
+
+    def _on_cancel(self, request: SipRequest, tx: ServerTransaction) -> None:
+        invite_tx = self.transactions.find_invite(request)
+        if invite_tx is None:
+            self.counters["unknown_dialog"] += 1
+            tx.respond(self._response(request, 481))
+            return
+        call = self._by_invite.get(server_key(invite_tx.request))
+        to_tag = call.dialog.local_tag if call is not None else new_tag()
+        tx.respond(self._response(request, 200, to_tag=to_tag))
+        if invite_tx.final_sent:
+            return  # answered already: the CANCEL changes nothing (§9.2)
+        invite_tx.respond(self._response(invite_tx.request, 487, to_tag=to_tag))
+        self.counters["cancelled"] += 1
+        if call is not None:
+            self._end(call, "cancelled")
+
+    def _on_reinvite(self, request: SipRequest, tx: InviteServerTransaction) -> None:
+        call = self.calls.get(dialog_id_of(request))
+        if call is not None and call.state in (EARLY, ANSWERED):
+            tx.respond(self._response(request, 491))  # an offer/answer is still open
+            return
+        call = self._in_dialog(request, tx)
+        if call is None:
+            return
+        if call.state != CONFIRMED or call.leg is None:
+            tx.respond(self._response(request, 481))
+            return
+        problem = self._offer_problem(request, (call.choice.codec.name,), call.dialog.local_tag)
+        if isinstance(problem, SipResponse):
+            self.counters["reinvite_refused"] += 1
+            tx.respond(problem)  # the call goes on as it was
+            return
+        offer, choice = problem
+        call.offer, call.choice = offer, choice
+        call.leg.apply(choice, choice.answer_direction)
+        call.dialog.refresh_target(request)
+        call.sdp_version += 1
+        call.local_sdp = self._local_sdp(call, offer, choice)
+        self.counters["reinvites"] += 1
+        log.info("sip: call %s re-INVITE: %s, remote %s", printable(call.dialog.call_id),
+                 choice.answer_direction, choice.remote)
+        self._send_2xx(call, tx, self._ok(call, request, call.local_sdp))
+
+    def _on_options(self, request: SipRequest, tx: ServerTransaction) -> None:
+        refusal = self._admission_refusal()
+        headers = [("Allow", ALLOW), ("Accept", "application/sdp"),
+                   ("Accept-Encoding", "identity"), ("Accept-Language", "en")]
+        if refusal is not None:
+            headers.append(("Retry-After", str(RETRY_AFTER_SECONDS)))
+            tx.respond(self._response(request, refusal[0], reason=refusal[1],
+                                      headers=headers))
+            return
+        tx.respond(self._response(request, 200, headers=headers))
+
+    # -- ending calls -----------------------------------------------------------------------
+
+    def _on_leg_closed(self, leg: SipRtpLeg, reason: str) -> None:
+        """The media leg ended (hang-up over HTTP, idle timeout, drain, shutdown...)."""
+        call = self._by_leg.pop(leg.id, None)
+        if call is None or call.state in (ENDING, ENDED):
+            return
+        call.leg = None
+        if call.state == ANSWERED:
+            call.bye_reason = reason  # §15: no BYE before the ACK (or its timeout)
+            return
+        self._hangup(call, reason)
+
+    def _detach_leg(self, call: SipCall, reason: str) -> None:
+        leg, call.leg = call.leg, None
+        if leg is None:
+            return
+        self._by_leg.pop(leg.id, None)
+        leg.on_closed = None
+        self.tasks.spawn(leg.close(reason), "leg-close")
+
+    def _end(self, call: SipCall, reason: str) -> None:
+        """The call is over without a BYE of ours (theirs came, or it never got answered)."""
+        self._detach_leg(call, reason)
+        self._forget(call)
+
+    def _forget(self, call: SipCall) -> None:
+        call.state = ENDED
+        call.stop_timers()
+        call.tasks.cancel_all()
+        if self.calls.get(call.id) is call:
+            del self.calls[call.id]
+        key = server_key(call.invite)
+        if self._by_invite.get(key) is call:
+            del self._by_invite[key]
+        remote_key = (call.dialog.call_id, call.dialog.remote_tag)
+        if self._by_remote.get(remote_key) is call:
+            del self._by_remote[remote_key]
+        if call.leg is not None:
+            self._by_leg.pop(call.leg.id, None)
+
+    def _hangup(self, call: SipCall, reason: str) -> None:
+        if call.state in (ENDING, ENDED):
+            return
+        self._stop_2xx(call)
+        call.state = ENDING
+        self.counters["agent_hangups"] += 1
+        self.tasks.spawn(self._send_bye(call, reason), "bye")
+
+    async def _send_bye(self, call: SipCall, reason: str) -> None:
+        try:
+            transport = call.flow.transport
+            request, hop = call.dialog.request("BYE", self.config.advertised_host, self.port,
+                                               transport)
+            request.headers.add("Reason", f'SIP;cause=200;text="{reason}"')
+            flow = await self._flow_for(call, hop)
+            if flow is None:
+                return
+            if flow.transport != transport:
+                request, hop = call.dialog.request("BYE", self.config.advertised_host,
+                                                   self.port, flow.transport)
+                request.headers.add("Reason", f'SIP;cause=200;text="{reason}"')
+            done: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+
+            def on_response(response: SipResponse) -> None:
+                if response.status >= 200 and not done.done():
+                    done.set_result(response.status)
+
+            def on_timeout() -> None:
+                if not done.done():
+                    done.set_result(408)
+
+            self.transactions.new_client(request, flow.send, flow.reliable, on_response,
+                                         on_timeout)
+            status = await done
+            log.info("sip: call %s ended (%s); BYE answered %d", printable(call.dialog.call_id),
+                     reason, status)
+        finally:
+            self._forget(call)
+
+    async def _flow_for(self, call: SipCall, hop: Uri) -> Flow | None:
+        """How to reach the next hop of an in-dialog request: the call's own TCP connection
+        while it is open, else the hop's address (A/AAAA lookup; no NAPTR/SRV yet)."""
+        wanted = hop.param("transport")
+        if (call.flow.reliable and (wanted is None or wanted.upper() == "TCP")
+                and call.flow.remote in self.transports.connections):
+            return call.flow
+        transport = (wanted or ("TCP" if call.flow.reliable else "UDP")).upper()
+        host = hop.param("maddr") or hop.host
+        try:
+            address = await self._resolve(host, hop.effective_port)
+            if not self._allowed(address[0]):
+                log.warning("sip: not sending to %s: outside --sip-allow", address[0])
+                return None
+            return await self.transports.flow_to(transport, address)
+        except (OSError, ConnectionError, asyncio.TimeoutError) as exc:
+            log.info("sip: cannot reach %s for %s: %r", printable(str(hop)),
+                     printable(call.dialog.call_id), exc)
+            return None
+
+    @staticmethod
+    async def _resolve(host: str, port: int) -> tuple[str, int]:
+        try:
+            return str(ipaddress.ip_address(host)), port
+        except ValueError:
+            pass
+        infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_DGRAM)
+        if not infos:
+            raise OSError(f"{host} does not resolve")
+        return str(infos[0][4][0]), port
+
