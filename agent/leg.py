@@ -22,13 +22,13 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from agent.call_settings import CallSettings
-from agent.errors import AgentError
-from agent.realtime.events import error_event, error_event_from
 from agent.audio.framing import FrameAssembler
 from agent.audio.pacer import Pacer
 from agent.audio.playout import PlayoutBuffer
+from agent.call_settings import CallSettings
+from agent.errors import AgentError
 from agent.plugins.base import Plugin, PluginError, RuntimeConfig, SessionConfig, StepOutput
+from agent.realtime.events import error_event, error_event_from
 from agent.recording import CallRecorder, recorder_for, take_record_option
 from agent.task_owner import TaskOwner
 from agent.ticker import PluginSlot, Ticker

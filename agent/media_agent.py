@@ -8,24 +8,24 @@ import contextvars
 import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, NoReturn, Protocol
+from typing import Any, NoReturn, Protocol, cast
 
 import aiortc
 from aiortc import RTCConfiguration, RTCIceServer, RTCPeerConnection
 
 from agent.audio.send_clock import SendClock
 from agent.call_settings import CallSettings
-from agent.webrtc.encoding import OPUS_COMPLEXITY
 from agent.errors import CallError
 from agent.leg import Leg, media_counts, prepare_config
 from agent.leg_registry import LegRegistry
+from agent.metrics import AgentMetrics
 from agent.plugins.base import Plugin, PluginError, SessionConfig
 from agent.rtc_tuning import AUDIO_CODECS, accept_rsa_dtls_peers, missing_internals
 from agent.rtc_tuning.sctp_limit import limit_data_channel_messages
-from agent.webrtc.sdp import check_offer_sdp
-from agent.metrics import AgentMetrics
 from agent.ticker import Ticker
+from agent.webrtc.encoding import OPUS_COMPLEXITY
 from agent.webrtc.leg import WebRtcLeg, new_call_id
+from agent.webrtc.sdp import check_offer_sdp
 from agent.webrtc.settings import WebRtcSettings
 
 # Whoever counted a new leg as on its way (a server of several workers) is told here once it
@@ -116,7 +116,8 @@ class MediaAgent:
 
     @property
     def capacity(self) -> int:
-        limits = [n for n in (self.settings.max_calls, self.plugin.capabilities().max_sessions) if n]
+        limits = [n for n in (self.settings.max_calls, self.plugin.capabilities().max_sessions)
+                  if n]
         return min(limits) if limits else 0
 
     @property
@@ -146,7 +147,7 @@ class MediaAgent:
     @property
     def webrtc_legs(self) -> dict[str, WebRtcLeg]:
         """The live WebRTC legs (a view of `legs`)."""
-        return self.legs.of_transport("webrtc")  # type: ignore[return-value]
+        return cast("dict[str, WebRtcLeg]", self.legs.of_transport("webrtc"))
 
     @property
     def telephony_legs(self) -> dict[str, Leg]:

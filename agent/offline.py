@@ -110,7 +110,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m agent.offline", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m agent.offline",
+                                     description=__doc__.split("\n")[0])
     parser.add_argument("--plugin", choices=("personaplex", "moshi"), default="personaplex")
     parser.add_argument("--model-dir", required=True)
     parser.add_argument("--input", required=True)

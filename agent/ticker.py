@@ -266,7 +266,7 @@ class Ticker:
             self.counters.last_step_ms = elapsed_ms
             self.counters.total_step_ms += elapsed_ms
             self.counters.max_step_ms = max(self.counters.max_step_ms, elapsed_ms)
-        for slot, (_, frame), output in zip(live, batch, outputs):
+        for slot, (_, frame), output in zip(live, batch, outputs, strict=False):
             if slot.closed:
                 continue
             try:

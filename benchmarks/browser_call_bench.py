@@ -33,10 +33,10 @@ import numpy as np
 from aiohttp import web
 
 from agent.media_agent import AgentSettings, MediaAgent
-from agent.testing.peer import save_wav
 from agent.plugins.echo import EchoPlugin
 from agent.rtc_tuning import limit_host_addresses
 from agent.testing.chromium import launch_chromium, open_page
+from agent.testing.peer import save_wav
 from agent.testing.testsignal import make_test_signal, measure_echo
 from signaling.app import create_app
 
@@ -182,9 +182,9 @@ async def main() -> int:
         fmt(med([r.playout_ms for r in results if r.playout_ms is not None])),
     ))
     widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(header)]
-    print("  ".join(h.rjust(w) for h, w in zip(header, widths)))
+    print("  ".join(h.rjust(w) for h, w in zip(header, widths, strict=True)))
     for row in rows:
-        print("  ".join(c.rjust(w) for c, w in zip(row, widths)))
+        print("  ".join(c.rjust(w) for c, w in zip(row, widths, strict=True)))
     print()
     print("connect: Call pressed -> RTCPeerConnection 'connected' (includes getUserMedia and "
           "ICE gathering)")

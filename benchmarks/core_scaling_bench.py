@@ -66,7 +66,7 @@ def pair_speedup(seconds: float = 1.0, rounds: int = 2, cores: Sequence[int] | N
     for _ in range(rounds):
         alone += _units_per_s([_busy(cores[0], part)], part)[0] / rounds
         both = _units_per_s([_busy(cores[0], part), _busy(cores[1], part)], part)
-        pair = [total + share / rounds for total, share in zip(pair, both)]
+        pair = [total + share / rounds for total, share in zip(pair, both, strict=True)]
     return alone, pair
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import shlex
 import statistics
@@ -30,13 +31,12 @@ import sys
 import threading
 import time
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any, Iterator
-
-from prometheus_client.metrics_core import Metric
+from typing import Any
 
 from harness import ROOT, agent_command, cpu_seconds, free_port, placed, server_on_core0
+from prometheus_client.metrics_core import Metric
 
 GAP_LIMIT_MS = 60.0
 
@@ -62,8 +62,8 @@ def server(kind: str, extra: list[str] | None = None, niceness: int = 0) -> Iter
 
 async def run_callers(url: str, count: int, seconds: float, codec: str,
                       preencode: bool) -> list[dict[str, Any]]:
-    from agent.testing.peer import PreencodedSignalTrack, run_call
     from agent.rtc_tuning import limit_host_addresses
+    from agent.testing.peer import PreencodedSignalTrack, run_call
     from agent.testing.testsignal import make_test_signal
 
     limit_host_addresses(["127.0.0.1"])
@@ -239,7 +239,7 @@ def level_quantiles(before: dict[float, float], after: dict[float, float],
     total = counts[-1] if counts else 0.0
 
     def bound(fraction: float) -> str:
-        for edge, count in zip(bounds, counts):
+        for edge, count in zip(bounds, counts, strict=True):
             if count >= fraction * total:
                 return "inf" if edge == float("inf") else f"{edge * 1000:g}"
         return "inf"
@@ -358,12 +358,13 @@ def capacity_levels(codecs: list[str], levels: list[int], seconds: float, nicene
                         pid = SERVER_PIDS[-1]
                         before = scrape(url) if kind == "agent" else []
                         cpu_before, started = cpu_seconds(pid), time.monotonic()
-                        live = LiveWindowCpu(lambda: cpu_seconds(pid), count, seconds)
+                        live = LiveWindowCpu(functools.partial(cpu_seconds, pid), count, seconds)
                         callers_live: list[LiveWindowCpu] = []
                         reports = callers_subprocess(
                             url, count, seconds, codec, True,
-                            on_start=lambda caller: callers_live.append(LiveWindowCpu(
-                                lambda: cpu_seconds(caller), count, seconds)))
+                            on_start=lambda caller, into=callers_live, count=count: into.append(
+                                LiveWindowCpu(functools.partial(cpu_seconds, caller), count,
+                                              seconds)))
                         average = (cpu_seconds(pid) - cpu_before) / (time.monotonic() - started)
                         live_share = live.result()
                         busy = live_share if live_share is not None else average

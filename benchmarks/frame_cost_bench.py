@@ -18,16 +18,15 @@ import time
 import av
 import numpy as np
 
-
-from agent.testing.clock import FakeClock
 from agent.audio.framing import FrameAssembler
-from agent.webrtc.outbound import float_to_s16
 from agent.audio.pacer import Pacer
 from agent.audio.playout import PlayoutBuffer
 from agent.plugins.base import RuntimeConfig
 from agent.plugins.echo import EchoPlugin
+from agent.testing.clock import FakeClock
 from agent.testing.testsignal import make_test_signal
 from agent.ticker import PluginSlot
+from agent.webrtc.outbound import float_to_s16
 
 
 def decoded_packets(seconds: float) -> list[av.AudioFrame]:
@@ -63,7 +62,7 @@ def run(calls: int, frames: int) -> float:
                     seat.push(chunk)
         batch = [(seat.plugin_session, seat.take(silence)) for seat, _, _ in seats]
         outputs = plugin.step(batch)
-        for (seat, _, playout), output in zip(seats, outputs):
+        for (_seat, _, playout), output in zip(seats, outputs, strict=False):
             audio = output.audio
             playout.push(audio)
             float(np.sqrt(np.mean(np.square(audio))))  # the call's speech tracking

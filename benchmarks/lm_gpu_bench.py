@@ -20,7 +20,6 @@ from typing import Any
 
 import torch
 
-
 from agent.plugins.personaplex import streaming
 from agent.plugins.personaplex.lm import LMModel
 from agent.plugins.personaplex.lm_config import MOSHI_7B_LM_KWARGS, personaplex_7b_lm_kwargs
@@ -29,14 +28,26 @@ from agent.plugins.personaplex.lm_stepper import LMStepOutput, LMStepper
 
 TINY: dict[str, Any] = {
     **MOSHI_7B_LM_KWARGS,
-    "dim": 64, "num_heads": 4, "num_layers": 2, "context": 50, "text_card": 1000, "card": 256,
-    "depformer_dim": 32, "depformer_num_heads": 4, "depformer_num_layers": 1, "depformer_dim_feedforward": 64,
+    "dim": 64,
+    "num_heads": 4,
+    "num_layers": 2,
+    "context": 50,
+    "text_card": 1000,
+    "card": 256,
+    "depformer_dim": 32,
+    "depformer_num_heads": 4,
+    "depformer_num_layers": 1,
+    "depformer_dim_feedforward": 64,
     "dep_q": 16,
 }
 
 
 def layout(name: str, context: int | None) -> dict[str, Any]:
-    kwargs = {"personaplex": personaplex_7b_lm_kwargs(), "moshi": dict(MOSHI_7B_LM_KWARGS), "tiny": dict(TINY)}[name]
+    kwargs = {
+        "personaplex": personaplex_7b_lm_kwargs(),
+        "moshi": dict(MOSHI_7B_LM_KWARGS),
+        "tiny": dict(TINY),
+    }[name]
     if context:
         kwargs["context"] = context
     return kwargs
@@ -79,11 +90,15 @@ def run(step: Any, codes: torch.Tensor, device: torch.device) -> tuple[float, li
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32, 64])
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--layout", choices=["personaplex", "moshi", "tiny"], default="personaplex")
-    parser.add_argument("--context", type=int, default=0, help="override the temporal context (frames)")
+    parser.add_argument(
+        "--context", type=int, default=0, help="override the temporal context (frames)"
+    )
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16")
     parser.add_argument("--no-graph", action="store_true")
@@ -98,8 +113,11 @@ def main() -> None:
     lm = random_lm(kwargs, device, dtype)
     params = sum(p.numel() for p in lm.parameters()) / 1e9
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-    print(f"{name}, {args.layout} layout, {params:.2f} B params, {args.dtype}, context {kwargs['context']}, "
-          f"built in {time.perf_counter() - started:.1f} s")
+    print(
+        f"{name}, {args.layout} layout, {params:.2f} B params, {args.dtype}, "
+        f"context {kwargs['context']}, "
+        f"built in {time.perf_counter() - started:.1f} s"
+    )
     use_graph = device.type == "cuda" and not args.no_graph
     header = f"{'B':>4} {'eager ms':>9} {'graph ms':>9} {'same tokens':>12} {'peak GiB':>9}"
     print(header)
@@ -117,7 +135,11 @@ def main() -> None:
             graph_ms, graph_tokens = run(graphed.step, codes, device)
             same = "yes" if graph_tokens == eager_tokens else "NO"
             del graphed
-        peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else float("nan")
+        peak = (
+            torch.cuda.max_memory_allocated(device) / 2**30
+            if device.type == "cuda"
+            else float("nan")
+        )
         print(f"{batch:>4} {eager_ms:>9.2f} {graph_ms:>9.2f} {same:>12} {peak:>9.1f}")
         streaming.stop_streaming(stepper)
         del stepper

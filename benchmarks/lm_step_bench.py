@@ -21,7 +21,6 @@ os.environ.setdefault("NO_TORCH_COMPILE", "1")  # the reference would torch.comp
 
 import torch
 
-
 from agent.plugins.personaplex.lm import LMModel
 from agent.plugins.personaplex.lm_config import MOSHI_7B_LM_KWARGS
 from agent.plugins.personaplex.lm_stepper import LMStepper
@@ -51,7 +50,9 @@ def median_ms(step: Callable[[torch.Tensor], Any], codes: torch.Tensor, warmup: 
     return statistics.median(times)
 
 
-def bench_ours(config: dict[str, Any], state: dict[str, torch.Tensor], codes: torch.Tensor) -> float:
+def bench_ours(
+    config: dict[str, Any], state: dict[str, torch.Tensor], codes: torch.Tensor
+) -> float:
     model = LMModel(**config).eval()
     model.load_state_dict(state)
     stepper = LMStepper(model, codes.shape[0])
@@ -67,7 +68,9 @@ def bench_reference(reference: Any, codes: torch.Tensor) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--frames", type=int, default=40)
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     parser.add_argument("--sizes", nargs="+", default=list(SIZES), choices=list(SIZES))
@@ -94,11 +97,19 @@ def main() -> None:
             state = LMModel(**config).state_dict()
         ours_b1 = None
         for batch in (1, 8):
-            codes = torch.randint(0, config["card"], (batch, 8, args.frames), generator=torch.Generator().manual_seed(1))
+            codes = torch.randint(
+                0,
+                config["card"],
+                (batch, 8, args.frames),
+                generator=torch.Generator().manual_seed(1),
+            )
             ours = bench_ours(config, state, codes)
             ours_b1 = ours if batch == 1 else ours_b1
             ref = bench_reference(reference, codes) if reference is not None else float("nan")
-            print(f"{size:<6} {batch:>3} {ours:>9.2f} {ref:>9.2f} {ours / ref:>9.2f} {ours / ours_b1:>10.2f}")
+            print(
+                f"{size:<6} {batch:>3} {ours:>9.2f} {ref:>9.2f} {ours / ref:>9.2f} "
+                f"{ours / ours_b1:>10.2f}"
+            )
 
 
 if __name__ == "__main__":

@@ -5,7 +5,8 @@ Mimi codecs of the tiny and small checkpoint sizes, at B=1 and B=8, and prints a
 median milliseconds per tick. The reference (`moshi==0.2.13`) is a test-only oracle; without
 it only our column is printed.
 
-    python benchmarks/mimi_step_bench.py [--frames 25] [--rounds 5] [--threads 1] [--sizes tiny small standard]
+    python benchmarks/mimi_step_bench.py [--frames 25] [--rounds 5] [--threads 1] \
+        [--sizes tiny small standard]
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ import time
 from collections.abc import Callable
 
 import torch
-
 
 from agent.plugins.personaplex.mimi_config import STANDARD_MIMI, build_mimi
 from agent.plugins.personaplex.mimi_graph import GraphedMimi
@@ -67,7 +67,9 @@ def build_reference(config: dict, batch: int) -> Callable[[torch.Tensor], torch.
         return None
     torch.manual_seed(0)
     # The reference runs float32 (as its server does); on CUDA it captures CUDA graphs itself.
-    model = loaders.get_mimi(None, copy.deepcopy(config), device=DEVICE, num_codebooks=NUM_CODEBOOKS)
+    model = loaders.get_mimi(
+        None, copy.deepcopy(config), device=DEVICE, num_codebooks=NUM_CODEBOOKS
+    )
     with torch.no_grad():
         for name, buffer in model.named_buffers():
             if name.endswith("embedding_sum"):
@@ -83,7 +85,10 @@ def measure(
     that load from other processes hits both alike."""
     torch.manual_seed(1)
     audio = (torch.randn(batch, 1, FRAME * frames) * 0.3).to(DEVICE)
-    ours_step, ref_step = build_ours(config, batch), None if skip_reference else build_reference(config, batch)
+    ours_step, ref_step = (
+        build_ours(config, batch),
+        None if skip_reference else build_reference(config, batch),
+    )
     ours_best, ref_best = float("inf"), float("inf")
     with torch.inference_mode():
         ours_step(audio[..., :FRAME].to(DTYPE))  # warm-up (allocator, first-call dispatch)
@@ -102,14 +107,23 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch default)")
     parser.add_argument(
-        "--sizes", nargs="+", default=["tiny", "small"], help="tiny, small (checkpoint sizes) or standard (released Mimi)"
+        "--sizes",
+        nargs="+",
+        default=["tiny", "small"],
+        help="tiny, small (checkpoint sizes) or standard (released Mimi)",
     )
     parser.add_argument("--batches", nargs="+", type=int, default=[1, 8])
-    parser.add_argument("--device", default="cpu", help="cpu or cuda (GPU plan: --device cuda --dtype bfloat16 "
-                        "--graph --sizes standard --batches 1 8 32 64)")
+    parser.add_argument(
+        "--device",
+        default="cpu",
+        help="cpu or cuda (GPU plan: --device cuda --dtype bfloat16 "
+        "--graph --sizes standard --batches 1 8 32 64)",
+    )
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     parser.add_argument("--no-reference", action="store_true", help="time only this project's Mimi")
-    parser.add_argument("--graph", action="store_true", help="replay ours as CUDA graphs (GraphedMimi)")
+    parser.add_argument(
+        "--graph", action="store_true", help="replay ours as CUDA graphs (GraphedMimi)"
+    )
     args = parser.parse_args()
     global DEVICE, DTYPE, USE_GRAPH
     DEVICE, DTYPE, USE_GRAPH = torch.device(args.device), getattr(torch, args.dtype), args.graph
@@ -131,7 +145,10 @@ def main() -> None:
             base = ours if base is None else base
             ratio = f"{ours / ref:9.2f}" if ref else f"{'-':>9}"
             ref_text = f"{ref:9.2f}" if ref else f"{'-':>9}"
-            print(f"{size:<6} {batch:>3} {ours:9.2f} {ref_text} {ratio} {ours / base:8.2f}", flush=True)
+            print(
+                f"{size:<6} {batch:>3} {ours:9.2f} {ref_text} {ratio} {ours / base:8.2f}",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

@@ -25,7 +25,6 @@ from pathlib import Path
 import numpy as np
 import torch
 
-
 from agent.plugins.personaplex import lm_config, mimi_config
 from agent.plugins.personaplex.checkpoint import inspect_checkpoint
 from agent.plugins.personaplex.policy import DEFAULT_PERSONA
@@ -40,7 +39,9 @@ def input_frames(batch: int, ticks: int, seed: int = 0) -> np.ndarray:
     rng = np.random.default_rng(seed)
     t = np.arange(FRAME) / 24000.0
     pitch = rng.uniform(100, 500, size=(ticks, batch, 1))
-    return (0.3 * np.sin(2 * np.pi * pitch * t) + 0.02 * rng.standard_normal((ticks, batch, FRAME))).astype(np.float32)
+    return (
+        0.3 * np.sin(2 * np.pi * pitch * t) + 0.02 * rng.standard_normal((ticks, batch, FRAME))
+    ).astype(np.float32)
 
 
 def load_ours(model_dir: Path) -> tuple[torch.nn.Module, torch.nn.Module]:
@@ -67,13 +68,17 @@ class ReferenceTicker:
         from moshi.models.lm import LMGen
 
         info = loaders.CheckpointInfo.from_hf_repo(
-            "local/none", moshi_weights=model_dir / "model.safetensors",
+            "local/none",
+            moshi_weights=model_dir / "model.safetensors",
             mimi_weights=model_dir / "tokenizer-e351c8d8-checkpoint125.safetensors",
-            tokenizer=model_dir / "tokenizer_spm_32k_3.model", config_path=model_dir / "config.json",
+            tokenizer=model_dir / "tokenizer_spm_32k_3.model",
+            config_path=model_dir / "config.json",
             mimi_config_path=model_dir / "mimi_config.json",
         )
         self.mimi = info.get_mimi(device="cpu")
-        self.generator = LMGen(info.get_moshi(device="cpu", dtype=torch.float32), use_sampling=False)
+        self.generator = LMGen(
+            info.get_moshi(device="cpu", dtype=torch.float32), use_sampling=False
+        )
         self.mimi.streaming_forever(batch)
         self.generator.streaming_forever(batch)
 
@@ -85,7 +90,9 @@ class ReferenceTicker:
             self.mimi.decode(tokens[:, 1:9])
 
 
-def time_both(model_dir: Path, batch: int, ticks: int, warmup: int, rounds: int = 3) -> tuple[float, float]:
+def time_both(
+    model_dir: Path, batch: int, ticks: int, warmup: int, rounds: int = 3
+) -> tuple[float, float]:
     """Median ms per tick, ours and the reference's, measured in alternating rounds so that a
     change in machine load hits both alike."""
     ours, ref = OursTicker(model_dir, batch), ReferenceTicker(model_dir, batch)
@@ -115,7 +122,9 @@ def open_call_cost(model_dir: Path, tick_ms: float) -> dict[str, float]:
     def plan(voice: str | None, persona: str | None) -> PromptPlan:
         assert voice is not None and persona is not None
         raw = files.load_voice(voice, torch.device("cpu"))
-        return PromptPlan(VoicePrompt(raw["embeddings"], raw["cache"]), persona_tokens(tokenizer, persona))
+        return PromptPlan(
+            VoicePrompt(raw["embeddings"], raw["cache"]), persona_tokens(tokenizer, persona)
+        )
 
     cache = PromptCache(lm, plan)
     stepper = BatchedStepper(lm, mimi, capacity=8)
@@ -148,7 +157,10 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
 
-    print(f"torch {torch.__version__}, {args.threads} thread(s), {args.ticks} ticks after {args.warmup} warm-up")
+    print(
+        f"torch {torch.__version__}, {args.threads} thread(s), {args.ticks} ticks after "
+        f"{args.warmup} warm-up"
+    )
     print(f"{'size':6} {'B':>3} {'ours ms':>9} {'ref ms':>9} {'ours/ref':>9} {'ours B/B1':>10}")
     with tempfile.TemporaryDirectory() as tmp:
         for size in args.sizes:
@@ -160,12 +172,18 @@ def main() -> None:
                 base = base or ours
                 if batch == 8:
                     tick_b8 = ours
-                print(f"{size:6} {batch:>3} {ours:9.2f} {ref:9.2f} {ours / ref:9.2f} {ours / base:10.2f}")
+                print(
+                    f"{size:6} {batch:>3} {ours:9.2f} {ref:9.2f} {ours / ref:9.2f} "
+                    f"{ours / base:10.2f}"
+                )
             plex_dir = write_checkpoint(Path(tmp) / f"{size}-plex", size, "personaplex", seed=0)
             cost = open_call_cost(plex_dir, tick_b8 or base or 1.0)
-            print(f"{size:6} prompt: {cost['prompt_frames']} frames prefilled in {cost['prefill_ms']:.0f} ms "
-                  f"(once per voice+persona, off the ticker); open with cached prompt: "
-                  f"{cost['open_ms']:.2f} ms = {cost['open_ticks']:.3f} ticks of the B=8 step")
+            print(
+                f"{size:6} prompt: {cost['prompt_frames']} frames prefilled in "
+                f"{cost['prefill_ms']:.0f} ms "
+                f"(once per voice+persona, off the ticker); open with cached prompt: "
+                f"{cost['open_ms']:.2f} ms = {cost['open_ticks']:.3f} ticks of the B=8 step"
+            )
 
 
 if __name__ == "__main__":

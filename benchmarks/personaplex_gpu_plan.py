@@ -26,7 +26,6 @@ from typing import Any
 import numpy as np
 import torch
 
-
 from agent.plugins.personaplex import lm_config, mimi_config, streaming
 from agent.plugins.personaplex.lm import LMModel
 from agent.plugins.personaplex.stepper import BatchedStepper
@@ -43,7 +42,9 @@ def sync(device: torch.device) -> None:
 
 
 @torch.no_grad()
-def random_lm(kwargs: dict[str, Any], device: torch.device, dtype: torch.dtype, seed: int) -> LMModel:
+def random_lm(
+    kwargs: dict[str, Any], device: torch.device, dtype: torch.dtype, seed: int
+) -> LMModel:
     """Build on meta, allocate on `device`, fill in place (no CPU copy of 17 GB of weights)."""
     with torch.device("meta"):
         model = LMModel(**kwargs)
@@ -81,7 +82,7 @@ def time_batch(lm: LMModel, mimi: torch.nn.Module, batch: int, ticks: int, warmu
                 totals.append((time.perf_counter() - start) * 1000)
         # The LM step alone (no codec), for the breakdown.
         user = torch.zeros(batch, lm.num_user_codebooks, dtype=torch.long, device=device)
-        for tick in range(min(ticks, 10)):
+        for _tick in range(min(ticks, 10)):
             sync(device)
             start = time.perf_counter()
             stepper._lm_forward(batch, user, None)
@@ -110,10 +111,16 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--dtype", default="bfloat16", choices=sorted(DTYPES))
-    parser.add_argument("--context", type=int, help="override the LM context (frames) to save memory")
-    parser.add_argument("--tiny", action="store_true", help="tiny config on CPU, to check the script")
+    parser.add_argument(
+        "--context", type=int, help="override the LM context (frames) to save memory"
+    )
+    parser.add_argument(
+        "--tiny", action="store_true", help="tiny config on CPU, to check the script"
+    )
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--eager", action="store_true", help="no CUDA graphs (the default on CUDA is graphs)")
+    parser.add_argument(
+        "--eager", action="store_true", help="no CUDA graphs (the default on CUDA is graphs)"
+    )
     args = parser.parse_args()
 
     if args.tiny:
@@ -139,11 +146,17 @@ def main() -> None:
     sync(device)
     params = sum(p.numel() for p in lm.parameters()) / 1e9
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-    print(f"{name}: LM {params:.2f} B params ({dtype}), dim {kwargs['dim']}, {kwargs['num_layers']} layers, "
-          f"dep_q {kwargs['dep_q']}, context {kwargs['context']}; Mimi float32; "
-          f"{'CUDA graphs' if graphs else 'eager'}; built in "
-          f"{time.perf_counter() - start:.1f} s")
-    print(f"{'B':>4} {'median ms':>10} {'p90 ms':>8} {'max ms':>8} {'LM-only ms':>11} {'< 80 ms':>8} {'peak GiB':>9}")
+    print(
+        f"{name}: LM {params:.2f} B params ({dtype}), dim {kwargs['dim']}, "
+        f"{kwargs['num_layers']} layers, "
+        f"dep_q {kwargs['dep_q']}, context {kwargs['context']}; Mimi float32; "
+        f"{'CUDA graphs' if graphs else 'eager'}; built in "
+        f"{time.perf_counter() - start:.1f} s"
+    )
+    print(
+        f"{'B':>4} {'median ms':>10} {'p90 ms':>8} {'max ms':>8} {'LM-only ms':>11} "
+        f"{'< 80 ms':>8} {'peak GiB':>9}"
+    )
     for batch in args.batches:
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
@@ -154,7 +167,11 @@ def main() -> None:
             gc.collect()
             torch.cuda.empty_cache()
             continue
-        peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else float("nan")
+        peak = (
+            torch.cuda.max_memory_allocated(device) / 2**30
+            if device.type == "cuda"
+            else float("nan")
+        )
         ok = "yes" if result["p90"] < REAL_TIME_MS else "no"
         print(f"{batch:>4} {result['median']:10.1f} {result['p90']:8.1f} {result['max']:8.1f} "
               f"{result['lm']:11.1f} {ok:>8} {peak:9.1f}")

@@ -17,7 +17,6 @@ from pathlib import Path
 
 import numpy as np
 
-
 from agent.recording import RECORD_FORMATS, CallRecorder
 from agent.testing.testsignal import make_test_signal
 

@@ -22,13 +22,13 @@ import aiohttp
 from aiohttp.test_utils import TestServer
 
 from agent.media_agent import MediaAgent
-from agent.testing.peer import run_call
 from agent.plugins.base import Plugin
 from agent.plugins.echo import EchoPlugin
 from agent.plugins.remote.moshi_server import MoshiServerPlugin
 from agent.plugins.remote.vllm_omni import VllmOmniPlugin
 from agent.rtc_tuning import limit_host_addresses
 from agent.testing.fake_engines import FakeMoshi, FakeVllmOmni
+from agent.testing.peer import run_call
 from signaling.app import create_app
 
 
@@ -100,7 +100,7 @@ async def codec_cost() -> None:
     for name, (link_class, payloads) in inputs.items():
         link = link_class(pool.acquire(), LinkSettings(), 24000, 1920)
         started = time.perf_counter()
-        for frame, payload in zip(frames, payloads):
+        for frame, payload in zip(frames, payloads, strict=True):
             link.encode_input(frame)
             link.decode_audio(payload)
         per_frame = (time.perf_counter() - started) / len(frames) * 1000

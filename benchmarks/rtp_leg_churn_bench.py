@@ -18,7 +18,6 @@ import time
 
 import aiohttp
 from aiortc.rtp import RtpPacket
-
 from harness import ROOT, agent_command, free_port, wait_for_port
 from soak_bench import proc_figures
 

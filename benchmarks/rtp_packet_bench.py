@@ -21,11 +21,10 @@ import urllib.request
 
 import numpy as np
 from aiortc.rtp import RtpPacket
-
+from harness import agent_command, free_port
 
 from agent.telephony.codec import PCMU
 from agent.testing.testsignal import make_test_signal, measure_echo
-from harness import agent_command, free_port
 
 RATE = 8000
 
@@ -51,7 +50,7 @@ async def run_one(base: str, duration_ms: float, seconds: float) -> dict[str, fl
     receive, receiver = await loop.create_datagram_endpoint(Receiver, local_addr=("127.0.0.1", 0))
     send, _ = await loop.create_datagram_endpoint(asyncio.DatagramProtocol,
                                                   local_addr=("127.0.0.1", 0))
-    remote = "127.0.0.1:%d" % receive.get_extra_info("sockname")[1]
+    remote = f"127.0.0.1:{receive.get_extra_info('sockname')[1]:d}"
     leg = await asyncio.to_thread(http_json, "POST", f"{base}/v1/telephony/rtp",
                                   {"remote": remote, "codec": "PCMU"})
     host, port = leg["local"].rsplit(":", 1)

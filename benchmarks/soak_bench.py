@@ -27,7 +27,6 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-
 from harness import ROOT, agent_command, free_port, taskset, wait_for_port
 
 BAD_REQUESTS: list[tuple[str, str, dict[str, Any]]] = [
@@ -36,7 +35,8 @@ BAD_REQUESTS: list[tuple[str, str, dict[str, Any]]] = [
     ("POST", "/offer", {"json": {"type": "offer"}}),
     ("POST", "/offer", {"json": {"sdp": "x", "type": "answer"}}),
     ("POST", "/offer", {"data": b"x" * 300_000, "headers": {"Content-Type": "application/json"}}),
-    ("POST", "/v1/realtime/calls", {"data": "garbage", "headers": {"Content-Type": "application/sdp"}}),
+    ("POST", "/v1/realtime/calls",
+     {"data": "garbage", "headers": {"Content-Type": "application/sdp"}}),
     ("POST", "/v1/realtime/calls", {"data": "{}", "headers": {"Content-Type": "text/plain"}}),
     ("DELETE", "/v1/realtime/calls/call_nope", {}),
     ("PATCH", "/v1/realtime/calls/call_nope", {"data": "a=x", "headers": {
@@ -145,8 +145,8 @@ def main() -> None:
     print(f"\n### Soak: {args.rounds} rounds of {args.calls} calls ({args.seconds:g} s), 2 "
           f"abandoned offers and {2 * len(BAD_REQUESTS)} bad requests each (echo, server on "
           "one core)\n")
-    print("| round | calls ok | 4xx | min echo correlation | active after | loop tasks | RSS MiB | fds "
-          "| threads |")
+    print("| round | calls ok | 4xx | min echo correlation | active after | loop tasks | RSS MiB "
+          "| fds | threads |")
     print("|---|---|---|---|---|---|---|---|---|")
     for row in rows:
         print(f"| {row['round']} | {row['calls_ok']}/{args.calls} | {row['refused_4xx']} | "
@@ -155,7 +155,8 @@ def main() -> None:
     if len(rows) >= 3:
         first, last = rows[1], rows[-1]
         print(f"\nround 2 → {len(rows)}: RSS {last['rss_mib'] - first['rss_mib']:+.1f} MiB, "
-              f"fds {last['fds'] - first['fds']:+d}, threads {last['threads'] - first['threads']:+d}, "
+              f"fds {last['fds'] - first['fds']:+d}, "
+              f"threads {last['threads'] - first['threads']:+d}, "
               f"loop tasks {last['loop_tasks'] - first['loop_tasks']:+d}")
 
 

@@ -18,15 +18,13 @@ import time
 from collections.abc import Sequence
 
 import numpy as np
-
-
 from aiohttp.test_utils import TestServer
 
 from agent.media_agent import AgentSettings, MediaAgent
-from agent.testing.peer import PEER_RATE, run_call
 from agent.plugins.base import PluginSession, StepOutput
 from agent.plugins.echo import EchoPlugin
 from agent.rtc_tuning import limit_host_addresses
+from agent.testing.peer import PEER_RATE, run_call
 from agent.testing.testsignal import decimate, make_test_signal
 from signaling.app import create_app
 

@@ -26,9 +26,10 @@ import struct
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any
 
 from harness import ROOT, agent_command, cpu_seconds, free_port, placed, server_on_core0
 
@@ -86,7 +87,7 @@ class SessionRecord:
         # The first second (sessions still being set up) is left out of both measures.
         start = (self.arrivals[0] if self.media_from is None else self.media_from) + 1.0
         later = [t for t in self.arrivals if t >= start]
-        gaps = [b - a for a, b in zip(later, later[1:])]
+        gaps = [b - a for a, b in zip(later, later[1:], strict=False)]
         window = later[-1] - later[0] + PACKET_SECONDS if later else PACKET_SECONDS
         return {
             "opened": self.opened, "error": self.error,
@@ -429,7 +430,8 @@ def session_kinds(text: str) -> list[str]:
     unknown = [kind for kind in kinds if kind not in KINDS]
     if unknown or not kinds:
         raise argparse.ArgumentTypeError(
-            f"unknown session kind {', '.join(unknown) or '(none)'}: choose from {', '.join(KINDS)}")
+            f"unknown session kind {', '.join(unknown) or '(none)'}: "
+            f"choose from {', '.join(KINDS)}")
     return kinds
 
 

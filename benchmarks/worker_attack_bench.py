@@ -26,10 +26,9 @@ import time
 from pathlib import Path
 
 import aiohttp
+from harness import ROOT, agent_command, descendants, free_port, wait_for_port
 
 from agent.worker_tag import ID_TOKEN_CHARS, worker_of
-
-from harness import ROOT, agent_command, descendants, free_port, wait_for_port
 
 VICTIM, OTHER = "sk-bench-victim", "sk-bench-other"
 RTP = "/v1/telephony/rtp"
@@ -66,7 +65,7 @@ async def make_leg(folder: Path, worker: int) -> str:
                 call_id = (await response.json())["call_id"]
             if worker_of(call_id, ID_TOKEN_CHARS) == worker:
                 return str(call_id)
-    raise RuntimeError("no leg on worker %d" % worker)
+    raise RuntimeError(f"no leg on worker {worker:d}")
 
 
 async def victim(url: str, legs: list[str], until: float, latencies: list[float],

@@ -21,11 +21,8 @@ from collections.abc import Awaitable
 from typing import Any
 
 import aiohttp
-
-
 from echo_bench import STAGGER_S, run_callers
-from telephony_capacity_bench import (ClientsRun, run_media_stream_clients,
-                                      run_rtp_clients)
+from telephony_capacity_bench import ClientsRun, run_media_stream_clients, run_rtp_clients
 from workers_bench import agent
 
 HOLD_SECONDS = 8.0

@@ -17,28 +17,36 @@ from aiohttp import web
 from aiohttp.web_runner import GracefulExit
 
 from agent import worker_tag
-
-from agent.logs import json_log
-from agent.cli_errors import exit_with_error
-from agent.media_agent import AgentSettings, MediaAgent
-from agent.rtc_tuning import AUDIO_CODECS
 from agent.call_settings import CallSettings
-from agent.webrtc.encoding import OPUS_COMPLEXITY, OPUS_COMPLEXITY_RANGE
+from agent.cli_errors import exit_with_error
 from agent.errors import AgentError
+from agent.logs import json_log
+from agent.logs.redact import RedactingFilter
+from agent.media_agent import AgentSettings, MediaAgent
 from agent.plugins.base import PluginOptions
 from agent.plugins.registry import available_plugins, load_plugin, plugin_class
-from agent.logs.redact import RedactingFilter
-from agent.rtc_tuning import limit_host_addresses, parse_codec_list
-
-from signaling import address_limit, auth, bad_requests, cors, drain, gc_tuning, ice, page, slow_clients, telephony
-
-from signaling.workers import channel
-from signaling.sip import config as sip_config, service as sip_service
-from signaling.plugin_flags import PluginFlagsParser, plugin_extra
+from agent.rtc_tuning import AUDIO_CODECS, limit_host_addresses, parse_codec_list
+from agent.webrtc.encoding import OPUS_COMPLEXITY, OPUS_COMPLEXITY_RANGE
+from signaling import (
+    address_limit,
+    auth,
+    bad_requests,
+    cors,
+    drain,
+    gc_tuning,
+    ice,
+    page,
+    slow_clients,
+    telephony,
+)
 from signaling.app import create_app
+from signaling.plugin_flags import PluginFlagsParser, plugin_extra
 from signaling.serving import Listeners, serve
-from signaling.workers.supervisor import exit_for_listen_error, run_supervisor
+from signaling.sip import config as sip_config
+from signaling.sip import service as sip_service
+from signaling.workers import channel
 from signaling.workers.routing import WorkerGroup
+from signaling.workers.supervisor import exit_for_listen_error, run_supervisor
 
 log = logging.getLogger("signaling")
 
@@ -97,8 +105,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--workers", type=int, default=None, metavar="N",
         help="worker processes behind the one port, each with its own event loop; "
-        "--max-sessions and the other limits stay the whole server's (default: one per CPU core for plugins that run one "
-        "instance per worker — echo, vllm-omni; always 1 for a model held in this process — "
+        "--max-sessions and the other limits stay the whole server's (default: one per CPU core "
+        "for plugins that run one instance per worker — echo, vllm-omni; always 1 for a model "
+        "held in this process — "
         "personaplex, moshi — and for moshi-server, whose reference servers hold one call: "
         "scale the models out with more engines behind the remote plugins)")
     parser.add_argument(
@@ -386,7 +395,10 @@ async def _drain_on_sigterm(app: web.Application) -> None:
             exit_now()
         controller.start("SIGTERM")
 
-    controller.on_drained = lambda: loop.call_soon(exit_now)
+    def exit_soon() -> None:
+        loop.call_soon(exit_now)
+
+    controller.on_drained = exit_soon
     try:
         loop.add_signal_handler(signal.SIGTERM, on_sigterm)
     except NotImplementedError:  # Windows: keep aiohttp's default (exit at once)

@@ -17,7 +17,7 @@ import asyncio
 import logging
 from collections import Counter
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from aiohttp import web
 
@@ -108,7 +108,8 @@ class GatedProtocol(asyncio.Protocol):
             self.refused = True
             log.debug("refusing a connection from %s: %d unauthenticated already", address,
                       self.gate.per_address)
-            transport.abort()
+            # (typeshed types it a BaseTransport; a stream protocol is handed a Transport)
+            cast(asyncio.Transport, transport).abort()
             return
         self.address = address
         self.gate.track(self.inner, self)
@@ -151,7 +152,7 @@ def gated_protocol_factory(factory: Any, gate: AddressGate | None) -> Any:
     if gate is None:
         return factory
 
-    def make() -> asyncio.BaseProtocol:
+    def make() -> asyncio.Protocol:
         return GatedProtocol(factory(), gate)
 
     return make

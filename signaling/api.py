@@ -21,9 +21,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from signaling import auth, cors, ice, models
-
-from signaling import calls
+from signaling import auth, calls, cors, ice, models
 from signaling.auth import AuthSettings
 
 

@@ -3,21 +3,19 @@
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 
 from aiohttp import web
 
+from agent.errors import AgentError
 from agent.logs.log_safe import printable
 from agent.media_agent import MediaAgent
-from agent.errors import AgentError
-
 from signaling import api, calls, drain, health, metrics, offer, page, slow_clients, telephony
-
-from signaling.workers import handoff, relay, routing
 from signaling.auth import AuthSettings
 from signaling.errors import error_response, json_error
 from signaling.keys import AGENT_KEY
+from signaling.workers import handoff, relay, routing
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +33,8 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
     except AgentError as exc:
         return error_response(exc)
     except web.HTTPRequestEntityTooLarge:
-        return json_error(413, "body_too_large", f"request bodies are limited to {MAX_BODY_BYTES} bytes")
+        return json_error(413, "body_too_large",
+                          f"request bodies are limited to {MAX_BODY_BYTES} bytes")
     except web.HTTPException as exc:
         if exc.status < 400:
             raise

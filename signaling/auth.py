@@ -43,7 +43,6 @@ from aiohttp import web
 from agent.plugins.base import SessionConfig
 from agent.realtime.session_config import session_config_from_realtime
 from agent.worker_tag import tagged_token, token_chars
-
 from signaling.address_limit import mark_authenticated
 from signaling.errors import ApiError, error_response, read_json_object
 from signaling.keys import AGENT_KEY
@@ -282,7 +281,8 @@ def authenticate(request: web.Request) -> Principal:
         if secret is not None:
             if not secret_may_use(request):
                 raise ApiError("secret_not_allowed",
-                               "an ephemeral secret may only create and manage its own call", status=403)
+                               "an ephemeral secret may only create and manage its own call",
+                               status=403)
             if secret.call_id is None and secret.expired():
                 raise ApiError("secret_expired", "this ephemeral secret has expired",
                                headers={"WWW-Authenticate": "Bearer"}, status=401)

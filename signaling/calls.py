@@ -4,8 +4,9 @@
 `voice_audio` recording where `--max-voice-upload-bytes` allows it) creates a
 call and answers `201 Created` with the SDP answer, `Location`, `ETag` and one `Link` per ICE
 server. The call resource then takes `GET` (its session and live stats), `DELETE` /
-`POST .../hangup` (end it) and `PATCH` (trickled ICE candidates). A call belongs to the credential that created it; asking about
-someone else's call gets the same 404 as an unknown id, so ids cannot be probed.
+`POST .../hangup` (end it) and `PATCH` (trickled ICE candidates). A call belongs to the
+credential that created it; asking about someone else's call gets the same 404 as an unknown
+id, so ids cannot be probed.
 """
 
 from __future__ import annotations
@@ -15,15 +16,14 @@ import secrets
 from dataclasses import dataclass, replace
 from typing import Any
 
-from aiohttp import web
+from aiohttp import BodyPartReader, web
 
-from agent.realtime import client_json
 from agent.media_agent import MediaAgent
 from agent.plugins.base import SessionConfig
+from agent.realtime import client_json
 from agent.realtime.session_config import session_config_from_realtime
 from agent.webrtc.sdp import MAX_SDP_BYTES
 from agent.webrtc.trickle import apply_sdpfrag, parse_sdpfrag
-
 from signaling.auth import Principal, principal_of, secret_session
 from signaling.errors import ApiError
 from signaling.ice import link_headers
@@ -144,7 +144,8 @@ async def read_multipart_offer(request: web.Request) -> tuple[str, SessionConfig
     try:
         while (part := await reader.next()) is not None:
             name = getattr(part, "name", None)
-            if name not in limits:
+            # (a nested multipart part has no name, so it is an unknown field too)
+            if name not in limits or not isinstance(part, BodyPartReader):
                 raise ApiError("unknown_field", f"unknown form field {name!r} "
                                f"(expected sdp, session, {VOICE_AUDIO_FIELD})")
             if name == VOICE_AUDIO_FIELD and upload_limit == 0:
@@ -154,7 +155,7 @@ async def read_multipart_offer(request: web.Request) -> tuple[str, SessionConfig
                 raise ApiError("duplicate_field", f"form field '{name}' appears twice",
                                param=name)
             data = bytearray()
-            while chunk := await part.read_chunk(8192):  # type: ignore[union-attr]
+            while chunk := await part.read_chunk(8192):
                 data += chunk
                 if len(data) > limits[name]:
                     raise ApiError("body_too_large",
@@ -254,7 +255,8 @@ async def patch_call(request: web.Request) -> web.Response:
     if if_match is not None and if_match.strip() not in ("*", resource.etag):
         raise ApiError("etag_mismatch", "If-Match does not name this call's ETag", status=412)
     if media_type(request) != TRICKLE_TYPE:
-        raise ApiError("unsupported_media_type", f"trickle candidates as {TRICKLE_TYPE}", status=415)
+        raise ApiError("unsupported_media_type", f"trickle candidates as {TRICKLE_TYPE}",
+                       status=415)
     body = decode_text(await read_limited(request, MAX_SDP_BYTES, "the SDP fragment"), "sdp")
     call = request.app[AGENT_KEY].webrtc_legs.get(resource.call_id)
     if call is None:

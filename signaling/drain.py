@@ -24,7 +24,6 @@ from collections.abc import AsyncIterator, Callable
 from aiohttp import web
 
 from agent.media_agent import MediaAgent
-
 from signaling.auth import AUTH_SETTINGS_KEY, principal_of
 from signaling.errors import ApiError
 from signaling.keys import AGENT_KEY

@@ -6,8 +6,8 @@ from typing import Any
 
 from aiohttp import web
 
-from agent.realtime import client_json
 from agent.errors import AgentError
+from agent.realtime import client_json
 
 
 def json_error(

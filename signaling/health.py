@@ -7,8 +7,8 @@ import os
 from aiohttp import web
 
 from signaling.auth import principal_of
-from signaling.keys import AGENT_KEY
 from signaling.calls import RESOURCES_KEY
+from signaling.keys import AGENT_KEY
 
 
 async def get_health(request: web.Request) -> web.Response:

@@ -6,11 +6,10 @@ from aiohttp import web
 
 from agent.media_agent import MediaAgent
 from agent.plugins.base import SessionConfig
-
 from signaling.auth import principal_of
+from signaling.calls import RESOURCES_KEY, call_location
 from signaling.errors import ApiError, read_json_object
 from signaling.keys import AGENT_KEY
-from signaling.calls import RESOURCES_KEY, call_location
 
 
 async def post_offer(request: web.Request) -> web.Response:

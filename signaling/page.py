@@ -22,7 +22,6 @@ from urllib.parse import urlsplit
 from aiohttp import web
 
 from agent.cli_errors import exit_with_error
-
 from signaling.errors import json_error
 
 ORIGINS_KEY = web.AppKey("token_url_origins", tuple)
@@ -134,7 +133,8 @@ async def index(request: web.Request) -> web.StreamResponse:
         text = await asyncio.to_thread(path.read_text, encoding="utf-8")
     except FileNotFoundError:
         return json_error(404, "not_found", "no web page is installed")
-    return web.Response(text=render(text, request.app[ORIGINS_KEY]), content_type="text/html",
+    origins = request.app[ORIGINS_KEY]
+    return web.Response(text=render(text, origins), content_type="text/html",
                         headers={"Cache-Control": "no-cache"})
 
 

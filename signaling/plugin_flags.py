@@ -47,6 +47,7 @@ class PluginFlagsParser(argparse.ArgumentParser):
         super().__init__(*args, **kwargs)
         self._declared: set[str] = set()
 
+    # (typeshed overloads parse_known_args on the namespace's type; this one takes any)
     def parse_known_args(self, args: Sequence[str] | None = None,  # type: ignore[override]
                          namespace: argparse.Namespace | None = None,
                          ) -> tuple[argparse.Namespace, list[str]]:

@@ -20,10 +20,9 @@ from dataclasses import dataclass
 from aiohttp import web
 from aiohttp.web_runner import GracefulExit
 
-
 # Set by whatever must serve connections it did not accept itself (worker_handoff.py):
 # called with the runner's low-level server before the sites start.
-SERVER_HOOK_KEY = web.AppKey("low_level_server_hook", Callable[[web.Server], None])
+SERVER_HOOK_KEY = web.AppKey[Callable[[web.Server], None]]("low_level_server_hook")
 
 
 @dataclass(frozen=True)

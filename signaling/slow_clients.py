@@ -26,7 +26,6 @@ from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
 
 from agent.errors import AgentError
-
 from signaling.address_limit import gated_protocol_factory, new_gate
 from signaling.errors import json_error
 
@@ -36,7 +35,8 @@ DEFAULT_HEADER_TIMEOUT = 10.0
 DEFAULT_BODY_TIMEOUT = 30.0
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-ProtocolFactory = Callable[[], asyncio.BaseProtocol]
+# Stream servers only: every protocol here is an asyncio.Protocol (data_received and all).
+ProtocolFactory = Callable[[], asyncio.Protocol]
 
 
 class SlowClientStats:
@@ -69,7 +69,7 @@ def guard_protocol_factory(factory: ProtocolFactory, header_timeout: float) -> P
     if header_timeout <= 0:
         return factory
 
-    def make() -> asyncio.BaseProtocol:
+    def make() -> asyncio.Protocol:
         protocol = factory()
         if isinstance(protocol, RequestHandler):
             # The factory runs when the connection is accepted, so the deadline starts now.
@@ -103,7 +103,8 @@ def guarded_event_loop(header_timeout: float,
                                     **kwargs: Any) -> asyncio.AbstractServer:
         return await create_server(guard(protocol_factory), *args, **kwargs)
 
-    loop.create_server = guarded_create_server  # type: ignore[method-assign]
+    # create_server's overloads (typeshed) take no wrapper with a plain (*args, **kwargs).
+    loop.create_server = guarded_create_server  # type: ignore[method-assign,assignment]
     guarded_factory = guard
     return loop
 
@@ -149,11 +150,11 @@ async def body_timeout_middleware(request: web.Request, handler: Handler) -> web
     except Exception:
         if not expired:
             raise
-        response = None
+    else:
+        if not expired:
+            return response
     finally:
         timer.cancel()
-    if not expired:
-        return response  # type: ignore[return-value]
     STATS.body_timeouts += 1
     # Whatever the handler made of the broken read (often a 400), the cause is the client.
     refusal = json_error(408, "body_timeout",

@@ -33,14 +33,18 @@ from agent.plugins.base import SessionConfig
 from agent.telephony.address_policy import DEFAULT_RTP_ALLOW, parse_networks
 from agent.telephony.media_stream import MediaStreamLeg
 from agent.telephony.rtp_leg import (
-    RtpLeg, RtpSettings, check_remote, codec_from_request, dtmf_payload_type_from_request,
-    open_rtp_leg, parse_host_port,
+    RtpLeg,
+    RtpSettings,
+    check_remote,
+    codec_from_request,
+    dtmf_payload_type_from_request,
+    open_rtp_leg,
+    parse_host_port,
 )
-
 from signaling.auth import principal_of
+from signaling.calls import RESOURCES_KEY
 from signaling.errors import ApiError, error_response, read_json_object
 from signaling.keys import AGENT_KEY
-from signaling.calls import RESOURCES_KEY
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +64,7 @@ TELEPHONY_KEY = web.AppKey("telephony", TelephonyConfig)
 # Set where several workers serve: carries a websocket this full worker cannot take to one
 # that can (signaling/workers/relay.py); None when all are full.
 Overflow = Callable[[web.Request, int], Awaitable["web.WebSocketResponse | None"]]
-OVERFLOW_KEY = web.AppKey("media_stream_overflow", Overflow)
+OVERFLOW_KEY = web.AppKey[Overflow]("media_stream_overflow")
 
 
 # -- auth seam: a query-string token becomes the Bearer header the auth middleware reads ----

@@ -1,1 +1,2 @@
-"""The test suite (a package, so its folders' modules have unique names: tests.<folder>.<module>)."""
+"""The test suite (a package, so its folders' modules have unique names:
+tests.<folder>.<module>)."""

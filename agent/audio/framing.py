@@ -47,7 +47,9 @@ class FrameAssembler:
             # Stereo to mono is averaged here, not by libswresample, whose -3 dB pan law
             # would make a mono voice carried in stereo (as Opus decodes) 3 dB louder.
             source_channels = len(frame.layout.channels)
-            self._resampled_channels = 2 if (self.channels == 1 and source_channels == 2) else self.channels
+            self._resampled_channels = (
+                2 if (self.channels == 1 and source_channels == 2) else self.channels
+            )
             self._resampler = av.AudioResampler(
                 format="flt",
                 layout=_LAYOUTS[self._resampled_channels],

@@ -1,1 +1,2 @@
-"""Logging that is safe with client input: printable text, redaction of secrets, the JSON log format."""
+"""Logging that is safe with client input: printable text, redaction of secrets, the JSON log
+format."""

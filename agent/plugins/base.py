@@ -236,10 +236,14 @@ class Plugin(abc.ABC):
         return self.capabilities().channels
 
     async def start(self) -> None:
-        """Load weights and the like; awaited once before the first call."""
+        """Load weights and the like; awaited once before the first call.
+
+        An optional hook: nothing to load by default."""
+        return None
 
     async def close(self) -> None:
-        """Release what `start` acquired."""
+        """Release what `start` acquired. An optional hook: nothing by default."""
+        return None
 
     def health(self) -> dict[str, Any]:
         """Plugin-wide numbers for `/health` (event loop), e.g. a remote engine pool's state."""
@@ -260,6 +264,7 @@ class Plugin(abc.ABC):
         """A prepared config no session will use: the call failed before `create_session`.
 
         Release whatever preparing it reserved (event loop). Nothing to do by default."""
+        return None
 
     def runtime_config_for_update(
         self, current: RuntimeConfig, update: SessionConfig
@@ -286,14 +291,19 @@ class Plugin(abc.ABC):
         """Make a session's state (ticker thread). Raise PluginError when full."""
 
     def restart_session(self, session: PluginSession) -> None:
-        """Start a new epoch: back to the state right after the prompt (ticker thread)."""
+        """Start a new epoch: back to the state right after the prompt (ticker thread).
+
+        An optional hook: a plugin with no per-epoch state does nothing."""
+        return None
 
     def close_session(self, session: PluginSession) -> None:
-        """Free the session's resources (ticker thread)."""
+        """Free the session's resources (ticker thread). An optional hook: nothing by default."""
+        return None
 
     def handle_dtmf(self, session: PluginSession, digit: str) -> None:
         """A telephone keypad digit ("0"-"9", "*", "#", "A"-"D") from the caller (ticker
         thread). Telephony legs call it; a plugin that has no use for digits ignores them."""
+        return None
 
     @abc.abstractmethod
     def step(self, batch: Sequence[tuple[PluginSession, np.ndarray]]) -> list[StepOutput]:

@@ -11,7 +11,6 @@ from collections.abc import Sequence
 import numpy as np
 
 from agent.plugins.base import (
-    check_extra_body,
     Capabilities,
     Plugin,
     PluginError,
@@ -21,6 +20,7 @@ from agent.plugins.base import (
     RuntimeConfig,
     SessionConfig,
     StepOutput,
+    check_extra_body,
 )
 
 ECHO_OPTIONS = frozenset({"delay_frames"})

@@ -8,8 +8,8 @@ import secrets
 from collections.abc import Callable
 from typing import Any
 
-from agent.realtime import client_json
 from agent.errors import AgentError
+from agent.realtime import client_json
 
 log = logging.getLogger(__name__)
 

@@ -15,14 +15,19 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from agent.realtime.client_inbox import ClientEventInbox, RawEvent
 from agent.errors import AgentError
+from agent.plugins.base import Capabilities, Plugin, SessionConfig, StepOutput
+from agent.realtime.client_inbox import ClientEventInbox, RawEvent
 from agent.realtime.events import (
     MAX_CLIENT_EVENT_BYTES,
-    EventChannel, Send, error_event, error_event_from, parse_client_event, peek_event_id,
+    EventChannel,
+    Send,
+    error_event,
+    error_event_from,
+    parse_client_event,
+    peek_event_id,
     server_event,
 )
-from agent.plugins.base import Capabilities, Plugin, SessionConfig, StepOutput
 from agent.realtime.session_config import session_config_from_realtime
 from agent.recording import take_record_option
 

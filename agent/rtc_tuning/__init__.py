@@ -9,17 +9,16 @@ from __future__ import annotations
 import logging
 import threading
 from fractions import Fraction
-from typing import Any, TypeVar
+from typing import Any, TypeVar, overload
 
 import av
-
 from aiortc import RTCPeerConnection, RTCRtpReceiver, RTCRtpSender, RTCRtpTransceiver
 from aiortc.codecs import get_decoder
 from aiortc.jitterbuffer import JitterBuffer, JitterFrame
 from aiortc.rtcdtlstransport import RTCCertificate
+from aiortc.rtcrtpparameters import RTCRtpCodecParameters
 from aiortc.rtp import RtpPacket
 from aiortc.utils import uint16_add
-from aiortc.rtcrtpparameters import RTCRtpCodecParameters
 
 from agent.rtc_tuning.sctp_limit import missing_sctp_internals
 
@@ -46,7 +45,9 @@ class ImmediateAudioJitterBuffer(JitterBuffer):
         if self._expected is not None and uint16_add(sequence, -self._expected) >= 0x8000:
             return False, None  # older than what was already played out
         self._expected = uint16_add(sequence, 1)
-        return False, JitterFrame(data=packet._data, timestamp=packet.timestamp)  # type: ignore[attr-defined]
+        # `_data`: the depayloaded payload aiortc sets on the packet, undeclared in its class.
+        data = packet._data  # type: ignore[attr-defined]
+        return False, JitterFrame(data=data, timestamp=packet.timestamp)
 
 
 def set_audio_jitter_prefetch(receiver: RTCRtpReceiver, packets: int) -> None:
@@ -142,7 +143,9 @@ class InlineAudioDecoding:
         if item is None:
             self._stopped.set()
             return
-        queue = self._receiver._track._queue  # type: ignore[union-attr]
+        track = self._receiver._track
+        assert track is not None  # installed only on a receiver that has its track
+        queue = track._queue
         for frame in self.decode(*item):
             queue.put_nowait(frame)
 
@@ -166,9 +169,15 @@ class InlineAudioDecoding:
 DecodingT = TypeVar("DecodingT", bound=InlineAudioDecoding)
 
 
+@overload
+def decode_audio_inline(receiver: RTCRtpReceiver, channels: int = 2
+                        ) -> InlineAudioDecoding | None: ...
+@overload
+def decode_audio_inline(receiver: RTCRtpReceiver, channels: int, kind: type[DecodingT]
+                        ) -> DecodingT | None: ...
 def decode_audio_inline(receiver: RTCRtpReceiver, channels: int = 2,
-                        kind: type[DecodingT] = InlineAudioDecoding,  # type: ignore[assignment]
-                        ) -> DecodingT | None:
+                        kind: type[InlineAudioDecoding] = InlineAudioDecoding,
+                        ) -> InlineAudioDecoding | None:
     """Install `InlineAudioDecoding` (or a subclass, `kind`) on a receiver that has not started
     yet (None: aiortc's internals changed and decoding stays on its thread). With `channels=1`
     Opus is decoded to mono by libopus itself."""
@@ -214,7 +223,7 @@ def restrict_codecs(transceiver: RTCRtpTransceiver, allowed: list[str]) -> list[
     ]
     codecs.sort(key=lambda codec: order.index(codec.mimeType.split("/")[-1].lower()))
     codecs = codecs[:1]
-    transceiver._codecs = codecs  # type: ignore[attr-defined]
+    transceiver._codecs = codecs
     return [codec.mimeType.split("/")[-1] for codec in codecs]
 
 
@@ -275,6 +284,7 @@ def accept_rsa_dtls_peers() -> bool:
         return context
 
     _original_ssl_context = original
+    # (a deliberate patch of aiortc's method: mypy forbids assigning to methods)
     RTCCertificate._create_ssl_context = create_ssl_context  # type: ignore[method-assign]
     return True
 
@@ -304,8 +314,10 @@ async def missing_internals() -> list[str]:
         if sent_payload_bytes(transceiver.sender) is None:
             missing.append("RTCRtpSender.__octet_count (outbound bytes read 0 without the "
                            "inline encoder)")
-        for attribute, fallback in (("_RTCRtpReceiver__jitter_buffer", "aiortc's jitter depth"),
-                                    ("_RTCRtpReceiver__decoder_queue", "decoding on aiortc's thread")):
+        for attribute, fallback in (
+            ("_RTCRtpReceiver__jitter_buffer", "aiortc's jitter depth"),
+            ("_RTCRtpReceiver__decoder_queue", "decoding on aiortc's thread"),
+        ):
             if not hasattr(transceiver.receiver, attribute):
                 missing.append(f"RTCRtpReceiver.{attribute.split('__')[-1]} ({fallback})")
     finally:

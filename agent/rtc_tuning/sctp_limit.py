@@ -168,8 +168,10 @@ def limit_data_channel_messages() -> bool:
                     "before the %d-byte limit applies", MAX_MESSAGE_BYTES)
         return False
     _original_receive = RTCSctpTransport._receive_data_chunk
+    # (deliberate patches of aiortc's methods: mypy forbids assigning to methods)
     RTCSctpTransport._receive_data_chunk = receive_data_chunk_bounded  # type: ignore[method-assign]
-    RTCSctpTransport.getCapabilities = classmethod(agent_capabilities)  # type: ignore[method-assign,assignment]
+    RTCSctpTransport.getCapabilities = classmethod(  # type: ignore[method-assign,assignment]
+        agent_capabilities)
     return True
 
 

@@ -4,9 +4,10 @@ Python's `audioop` is gone in 3.13. PyAV's `pcm_mulaw`/`pcm_alaw` codecs work, b
 `AudioFrame`/`Packet` round trip per 20 ms chunk: measured 4.5 us to encode and 4.1 us to
 decode 160 samples, against 1.2 us for an indexed load here, with no objects to build or
 keep per call. Decoding is a 256-entry table (identical to FFmpeg's, checked in
-tests/telephony/test_g711_tables.py); encoding is a 65536-entry table that maps every int16 sample to the
-code whose decoded value is nearest (FFmpeg rounds at 14-bit resolution, so the two differ
-by one step on about 0.6% of samples, all sitting on a midpoint between two levels).
+tests/telephony/test_g711_tables.py); encoding is a 65536-entry table that maps every int16
+sample to the code whose decoded value is nearest (FFmpeg rounds at 14-bit resolution, so
+the two differ by one step on about 0.6% of samples, all sitting on a midpoint between two
+levels).
 """
 
 from __future__ import annotations

@@ -19,16 +19,16 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
-from agent.call_settings import CallSettings
 from agent.audio.clock import MonotonicClock
-from agent.realtime.events import server_event
-from agent.leg import Leg, playout_stats
 from agent.audio.pacer import Pacer
 from agent.audio.pcm import PTIME
+from agent.call_settings import CallSettings
+from agent.leg import Leg, playout_stats
+from agent.realtime.events import server_event
 from agent.realtime.rate_limit import TokenBucket
-from agent.worker_tag import ID_TOKEN_BYTES, tagged_token
 from agent.telephony.codec import NarrowbandCodec
 from agent.telephony.resample import ChunkResampler
+from agent.worker_tag import ID_TOKEN_BYTES, tagged_token
 
 if TYPE_CHECKING:
     from agent.media_agent import MediaAgent
@@ -48,15 +48,15 @@ class TelephonyLeg(Leg):
 
     def __init__(self, agent: MediaAgent, codec: NarrowbandCodec,
                  settings: CallSettings | None = None) -> None:
-        super().__init__(f"{self.id_prefix}_{tagged_token(ID_TOKEN_BYTES)}", agent.plugin, agent.ticker,
-                         settings or agent.settings.call, agent.legs.discard)
+        super().__init__(f"{self.id_prefix}_{tagged_token(ID_TOKEN_BYTES)}", agent.plugin,
+                         agent.ticker, settings or agent.settings.call, agent.legs.discard)
         self.codec = codec
         self.dtmf_budget = TokenBucket(DTMF_RATE, DTMF_BURST)
         self.dtmf_refused = 0
         rate = self.capabilities.sample_rate
         self.chunk_samples = int(rate * PTIME)
         self.resampler = ChunkResampler(rate, codec.sample_rate)
-        self.pacer = Pacer(MonotonicClock(), PTIME)
+        self.pacer: Pacer = Pacer(MonotonicClock(), PTIME)  # always paced (Leg: Pacer | None)
         self.playout.follow(self.pacer, rate)
         self.chunks_in = 0
         self.chunks_out = 0

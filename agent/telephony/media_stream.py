@@ -27,11 +27,11 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
-from agent.realtime import client_json
 from agent.errors import AgentError
-from agent.logs.log_safe import LogThrottle, held_back_note, printable
 from agent.leg import prepare_config
+from agent.logs.log_safe import LogThrottle, held_back_note, printable
 from agent.plugins.base import SessionConfig
+from agent.realtime import client_json
 from agent.telephony.codec import PCMA, PCMU, NarrowbandCodec
 from agent.telephony.leg import DTMF_BURST, DTMF_DIGITS, DTMF_RATE, TelephonyLeg
 from agent.telephony.marks import MarkQueue
@@ -207,7 +207,8 @@ class MediaStreamLeg(TelephonyLeg):
             raise ProtocolError("not_started", "'dtmf' before 'start'")
         if not self.admit_dtmf():
             raise ProtocolError(
-                "rate_limited", f"at most {DTMF_RATE:g} DTMF digits a second (bursts of {DTMF_BURST})")
+                "rate_limited",
+                f"at most {DTMF_RATE:g} DTMF digits a second (bursts of {DTMF_BURST})")
         await self.dtmf(digit.upper())
 
     # -- outbound ---------------------------------------------------------------------------

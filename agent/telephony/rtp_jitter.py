@@ -136,7 +136,7 @@ class JitterBuffer:
             self._next = self._highest + 1
             return False, None
         if span > self.max_span:
-            self._skip(span - self.depth)
+            self._next = self._skip(self._next, span - self.depth)
         payload = self._held.pop(self._next, None)
         self._next += 1
         if payload is None:
@@ -146,13 +146,14 @@ class JitterBuffer:
         self.stats.played += 1
         return True, payload
 
-    def _skip(self, count: int) -> None:
-        for seq in range(self._next, self._next + count):
+    def _skip(self, start: int, count: int) -> int:
+        """Drop `count` sequence numbers from `start` on; the one whose turn is next after."""
+        for seq in range(start, start + count):
             payload = self._held.pop(seq, None)
             if payload is not None:
                 self.held_bytes -= len(payload)
                 self.stats.skipped += 1
-        self._next += count
+        return start + count
 
 
 class Concealer:
@@ -234,7 +235,8 @@ class InboundTicks:
             self._pending = np.concatenate((self._pending, pcm))
         if len(self._pending) == 0:
             return None
-        out, self._pending = self._pending[: self.chunk_samples], self._pending[self.chunk_samples :]
+        chunk = self.chunk_samples
+        out, self._pending = self._pending[:chunk], self._pending[chunk:]
         return out
 
     def reset(self) -> None:

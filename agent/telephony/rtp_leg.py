@@ -36,9 +36,9 @@ from agent.errors import CallError
 from agent.leg import prepare_config
 from agent.plugins.base import SessionConfig
 from agent.telephony.address_policy import DEFAULT_ALLOWED_NETWORKS, IPNetwork, refusal_for
-from agent.telephony.codec import NarrowbandCodec, codec_by_name, CODECS
+from agent.telephony.codec import CODECS, NarrowbandCodec, codec_by_name
 from agent.telephony.leg import SEND_ERRORS, TelephonyLeg
-from agent.telephony.rtp_jitter import Concealer, JitterBuffer, InboundTicks
+from agent.telephony.rtp_jitter import Concealer, InboundTicks, JitterBuffer
 from agent.telephony.telephone_event import DEFAULT_PAYLOAD_TYPE as DEFAULT_DTMF_PAYLOAD_TYPE
 from agent.telephony.telephone_event import TelephoneEventDetector
 
@@ -360,7 +360,7 @@ async def _bind_port(settings: RtpSettings) -> tuple[asyncio.DatagramTransport, 
                 continue
             raise CallError("rtp_bind_failed", f"could not open an RTP port: {exc.strerror}",
                             status=500) from None
-        return transport, protocol, port  # type: ignore[return-value]
+        return transport, protocol, port
     raise CallError("no_rtp_port", f"every RTP port in {settings.port_min}-{settings.port_max} "
                     "is in use; retry later", status=503)
 

@@ -15,7 +15,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from playwright.async_api import Browser, ConsoleMessage, Page, async_playwright
+from playwright.async_api import Browser, ConsoleMessage, Page, ViewportSize, async_playwright
 
 CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
 
@@ -72,7 +72,7 @@ class PageLog:
         self.page_errors.append(str(error))
 
 
-async def open_page(browser: Browser, url: str, *, viewport: dict[str, int] | None = None
+async def open_page(browser: Browser, url: str, *, viewport: ViewportSize | None = None
                     ) -> tuple[Page, PageLog]:
     context = await browser.new_context(viewport=viewport or {"width": 1100, "height": 900},
                                         accept_downloads=True)

@@ -137,7 +137,7 @@ class FakeServer:
 
 def pcm16_chunks(samples: np.ndarray, sizes: Iterator[int]) -> tuple[list[bytes], np.ndarray]:
     """Cut as many odd-sized pcm16 chunks as fit; return them and the remainder."""
-    chunks = []
+    chunks: list[bytes] = []
     while True:
         size = next(sizes)
         if len(samples) < size:
@@ -220,7 +220,8 @@ class FakeVllmOmni(FakeServer):
                 self.violation(f"unexpected client event {event.get('type')}")
                 continue
             if event.get("format") != "pcm_f32le" or event.get("sample_rate_hz") != RATE:
-                self.violation(f"append with {event.get('format')} at {event.get('sample_rate_hz')}")
+                self.violation(
+                    f"append with {event.get('format')} at {event.get('sample_rate_hz')}")
             frame = np.frombuffer(base64.b64decode(event["audio"]), dtype="<f4")
             if len(frame) != FRAME:
                 self.violation(f"append of {len(frame)} samples")

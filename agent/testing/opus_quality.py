@@ -9,9 +9,9 @@ import numpy as np
 from aiortc.jitterbuffer import JitterFrame
 
 from agent.audio.pcm import PTIME, float_to_s16
-from agent.webrtc.encoding import InlineAudioEncoder
 from agent.rtc_tuning import MonoOpusDecoder
 from agent.testing.peer import load_wav
+from agent.webrtc.encoding import InlineAudioEncoder
 
 MAX_DELAY_S = 0.01  # Opus's look-ahead delays the decoded speech by 2.5 ms here
 

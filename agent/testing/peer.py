@@ -17,29 +17,36 @@ import wave
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from fractions import Fraction
-from typing import Any
+from typing import Any, cast
 from urllib.parse import urlparse
 
 import aiohttp
 import av
 import numpy as np
 from aiortc import (
-    RTCConfiguration, RTCPeerConnection, RTCRtpReceiver, RTCRtpSender, RTCSessionDescription,
+    RTCConfiguration,
+    RTCPeerConnection,
+    RTCRtpReceiver,
+    RTCRtpSender,
+    RTCSessionDescription,
 )
 from aiortc.jitterbuffer import JitterFrame
-from aiortc.rtcrtpparameters import RTCRtpCodecParameters
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
+from aiortc.rtcrtpparameters import RTCRtpCodecParameters
 
-from agent.cli_errors import CliError, exit_with_error
 from agent.audio.clock import MonotonicClock
 from agent.audio.pacer import Pacer
 from agent.audio.pcm import PTIME, float_to_s16
-from agent.webrtc.encoding import InlineAudioEncoder
+from agent.cli_errors import CliError, exit_with_error
 from agent.rtc_tuning import (
-    InlineAudioDecoding, accept_rsa_dtls_peers, decode_audio_inline, limit_host_addresses,
+    InlineAudioDecoding,
+    accept_rsa_dtls_peers,
+    decode_audio_inline,
+    limit_host_addresses,
     negotiated_codecs,
 )
 from agent.testing.testsignal import make_test_signal, measure_echo
+from agent.webrtc.encoding import InlineAudioEncoder
 
 PEER_RATE = 48000
 CHUNK = PEER_RATE // 50
@@ -104,7 +111,7 @@ class PreencodedSignalTrack(MediaStreamTrack):
                     for i in range(0, len(samples) - CHUNK + 1, CHUNK)]
         return payloads, encoder.rate, encoder.samples_per_packet
 
-    async def recv(self) -> av.Packet:  # type: ignore[override]
+    async def recv(self) -> av.Packet:
         if self.readyState != "live":
             raise MediaStreamError
         await self.pacer.wait_next()
@@ -174,7 +181,7 @@ class Recording:
             return []
         start = self.arrivals[0] + skip_seconds
         times = [t for t in self.arrivals if t >= start]
-        return [b - a for a, b in zip(times, times[1:]) if b - a > GAP_SECONDS]
+        return [b - a for a, b in zip(times, times[1:], strict=False) if b - a > GAP_SECONDS]
 
 
 class DeferredDecoding(InlineAudioDecoding):
@@ -209,7 +216,7 @@ class DeferredDecoding(InlineAudioDecoding):
 
     def replay(self, recording: Recording) -> None:
         for arrived, codec, payload, timestamp in zip(self.arrivals, self.codecs,
-                                                      self.payloads, self.timestamps):
+                                                      self.payloads, self.timestamps, strict=True):
             for frame in self.decode(codec, JitterFrame(data=payload, timestamp=timestamp)):
                 recording.add(frame, arrived)
         self.arrivals, self.codecs, self.payloads, self.timestamps = [], [], [], []
@@ -352,7 +359,8 @@ async def run_call(
         async def record() -> None:
             while True:
                 try:
-                    recording.add(await track.recv())
+                    # (aiortc types recv() Frame | Packet; an audio track's gives AudioFrames)
+                    recording.add(cast(av.AudioFrame, await track.recv()))
                 except MediaStreamError:
                     ended.set()
                     return
@@ -379,7 +387,7 @@ async def run_call(
         await pc.setLocalDescription(await pc.createOffer())
         started = time.monotonic()
         # verify_tls=False is for a development server's self-signed certificate.
-        connector = aiohttp.TCPConnector(ssl=None if verify_tls else False)
+        connector = aiohttp.TCPConnector(ssl=True if verify_tls else False)
         async with aiohttp.ClientSession(connector=connector) as http:
             answer, report.call_id = await post_offer(
                 http, url, pc.localDescription.sdp, session, headers or {}
@@ -478,7 +486,7 @@ def check_record_path(path: str) -> None:
 def parse_session(text: str) -> dict[str, Any]:
     try:
         session = json.loads(text)
-    except ValueError as exc:
+    except json.JSONDecodeError as exc:
         raise CliError("invalid_session", f"--session is not valid JSON ({exc.msg} at "
                        f"character {exc.pos})") from None
     if not isinstance(session, dict):

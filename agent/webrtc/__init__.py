@@ -1,1 +1,2 @@
-"""The WebRTC transport: the aiortc leg, its outbound track and codecs, SDP checks and trickle ICE."""
+"""The WebRTC transport: the aiortc leg, its outbound track and codecs, SDP checks and
+trickle ICE."""

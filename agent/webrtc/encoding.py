@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections import deque
 from fractions import Fraction
+from typing import Literal
 
 import av
 import numpy as np
@@ -28,7 +29,8 @@ OPUS_COMPLEXITY_RANGE = range(0, 11)
 OPUS_RTP_CLOCK = 48000
 
 # mime subtype (lowercase) → (ffmpeg encoder, encoder sample rate)
-_CODECS: dict[str, tuple[str, int | None]] = {
+# (FFmpeg encoder names as literals: PyAV's CodecContext.create then types an audio context)
+_CODECS: dict[str, tuple[Literal["libopus", "pcm_mulaw", "pcm_alaw"], int | None]] = {
     "opus": ("libopus", None),  # None: encode at the track's own rate
     "pcmu": ("pcm_mulaw", 8000),
     "pcma": ("pcm_alaw", 8000),

@@ -11,26 +11,27 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
+import av
 import numpy as np
 from aiortc import RTCDataChannel, RTCPeerConnection, RTCRtpSender, RTCSessionDescription
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
 from agent import rtc_tuning
 from agent.call_settings import CallSettings
-from agent.webrtc.encoding import supports_inline
 from agent.errors import CallError
-from agent.realtime.events import error_event
 from agent.leg import Leg, playout_stats
-from agent.webrtc.outbound import AgentAudioTrack
 from agent.plugins.base import Plugin, StepOutput
+from agent.realtime.events import error_event
 from agent.realtime.protocol import RealtimeProtocol
 from agent.rtc_tuning import InlineAudioDecoding
 from agent.rtc_tuning.sctp_limit import OVERSIZED_EVENT
+from agent.ticker import Ticker
+from agent.webrtc.encoding import supports_inline
+from agent.webrtc.outbound import AgentAudioTrack
 from agent.webrtc.sdp import with_explicit_directions
 from agent.webrtc.settings import WebRtcSettings
-from agent.ticker import Ticker
 from agent.worker_tag import ID_TOKEN_BYTES, tagged_token
 
 log = logging.getLogger(__name__)
@@ -111,7 +112,8 @@ class WebRtcLeg(Leg):
         if not remaining:
             raise CallError(
                 "no_common_codec",
-                f"none of the offered codecs is accepted (agent accepts {', '.join(settings.codecs)})",
+                "none of the offered codecs is accepted "
+                f"(agent accepts {', '.join(settings.codecs)})",
             )
         for extra in audio[1:]:
             extra.direction = "inactive"
@@ -139,7 +141,8 @@ class WebRtcLeg(Leg):
     async def _read_inbound(self, track: MediaStreamTrack) -> None:
         while True:
             try:
-                frame = await track.recv()
+                # (aiortc types recv() Frame | Packet; an audio track's gives AudioFrames)
+                frame = cast(av.AudioFrame, await track.recv())
             except MediaStreamError:
                 return
             self.watchdog.heard()

@@ -61,7 +61,7 @@ class AgentAudioTrack(MediaStreamTrack):
         self.chunks_sent += 1
         return self._silence if audio is None else float_to_s16(audio)
 
-    async def recv(self) -> av.AudioFrame | av.Packet:  # type: ignore[override]
+    async def recv(self) -> av.AudioFrame | av.Packet:
         if self.readyState != "live":
             raise MediaStreamError
         await self.pacer.wait_next()

@@ -74,7 +74,8 @@ if os.environ.get("AGENT_STALL_TRACE_DIR"):
                     samples[_kernel_state(tid)] += 1
                     samples[_python_stack()] += 1
                 elif began is not None:
-                    on_cpu, waiting = (b - a for a, b in zip(sched_before, _schedstat(tid)))
+                    on_cpu, waiting = (b - a for a, b in zip(sched_before, _schedstat(tid),
+                                                             strict=True))
                     log.write(f"{time.time():.3f} stall {1000 * (time.monotonic() - began):.0f} ms"
                               f" {os.path.basename(sys.argv[0])} on-core {on_cpu / 1e6:.0f} ms"
                               f" runqueue {waiting / 1e6:.0f} ms\n")

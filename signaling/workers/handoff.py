@@ -10,9 +10,10 @@ datagram socket (SCM_RIGHTS); that worker serves the connection as if it had acc
 kernel keeps the connection open while the descriptor is in flight. A stream is handed only
 after its credential passed on the accepting worker, and the receiving worker serves it
 through the same guards as a connection it accepted: the per-address gate and the header
-deadline. Only plain connections are handed (a TLS session's state cannot follow its descriptor), a request is handed at
-most once, and a handoff that cannot be sent leaves the stream where it is. (The access log
-of the handing worker shows such a request as 204; the new worker's shows its 101.)
+deadline. Only plain connections are handed (a TLS session's state cannot follow its
+descriptor), a request is handed at most once, and a handoff that cannot be sent leaves the
+stream where it is. (The access log of the handing worker shows such a request as 204; the
+new worker's shows its 101.)
 """
 
 from __future__ import annotations
@@ -92,6 +93,12 @@ async def hand_over(request: web.Request, index: int) -> bool:
     return True
 
 
+def _resolve_once(future: asyncio.Future[None]) -> None:
+    """Resolve `future` unless it already is (a writer callback may fire more than once)."""
+    if not future.done():
+        future.set_result(None)
+
+
 async def _send_when_room(sender: socket.socket, payload: bytes,
                           transport: asyncio.BaseTransport) -> bool:
     """Send the request and the connection's descriptor once the receiving worker's queue
@@ -109,7 +116,7 @@ async def _send_when_room(sender: socket.socket, payload: bytes,
             pass
         room = loop.create_future()
         # (a connected unix datagram socket is writable when its peer's queue has room)
-        loop.add_writer(sender.fileno(), lambda: room.done() or room.set_result(None))
+        loop.add_writer(sender.fileno(), _resolve_once, room)
         try:
             await asyncio.wait_for(room, max(0.0, deadline - loop.time()))
         except asyncio.TimeoutError:

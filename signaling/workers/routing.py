@@ -32,22 +32,25 @@ from aiohttp import web
 from agent.errors import AgentError
 from agent.media_agent import ON_PLACED
 from agent.worker_tag import ID_TOKEN_CHARS, worker_of
-
-from signaling.workers import channel
-
-from signaling.workers import limits
-from signaling.auth import (AUTH_SETTINGS_KEY, SECRET_PREFIX, SECRET_TOKEN_CHARS, authenticate,
-                   bearer_token, is_public)
 from signaling.address_limit import mark_authenticated
+from signaling.auth import (
+    AUTH_SETTINGS_KEY,
+    SECRET_PREFIX,
+    SECRET_TOKEN_CHARS,
+    authenticate,
+    bearer_token,
+    is_public,
+)
+from signaling.calls import CALLS_PATH
 from signaling.cors import with_cors_headers
 from signaling.errors import ApiError, error_response, json_error
 from signaling.keys import AGENT_KEY
-from signaling.calls import CALLS_PATH
 from signaling.slow_clients import read_body_in_time
-from signaling.workers.supervisor import worker_socket_path
 from signaling.telephony import RTP_PATH, TELEPHONY_KEY, with_url_token
+from signaling.workers import channel, limits
 from signaling.workers.channel import ask, carries_body, forwarded_by, from_a_worker, response_from
 from signaling.workers.load import WorkerLoads
+from signaling.workers.supervisor import worker_socket_path
 from signaling.workers.views import merge_calls, merge_health, merge_metrics
 
 OWNED_PATHS = (re.compile(rf"^{CALLS_PATH}/([^/]+)(?:/hangup)?$"),
@@ -270,9 +273,11 @@ async def worker_routing_middleware(
         if exc.code == "body_timeout":
             refusal.force_close()  # the rest of the body is not worth waiting for
         return refusal
-    except web.HTTPRequestEntityTooLarge as exc:
+    except web.HTTPRequestEntityTooLarge:
+        # (the exception keeps no max_size attribute: the limit it reports is the request's)
         return with_cors_headers(request, json_error(
-            413, "body_too_large", f"request bodies are limited to {exc.max_size} bytes"))
+            413, "body_too_large",
+            f"request bodies are limited to {request.client_max_size} bytes"))
 
 
 async def route(request: web.Request,

@@ -34,8 +34,8 @@ import sys
 import tempfile
 import time
 from collections.abc import Sequence
-from typing import NoReturn
 from pathlib import Path
+from typing import NoReturn
 
 from agent.cli_errors import exit_with_error
 

@@ -129,7 +129,7 @@ class SharedTally:
             self._keys[self.index] = 0
             self._counts[self.index] = 0
             if kept:
-                keys, counts = zip(*kept)
+                keys, counts = zip(*kept, strict=True)
                 self._keys[self.index, :len(kept)] = np.array(keys, dtype=np.uint64)
                 self._counts[self.index, :len(kept)] = np.array(counts, dtype=np.int64)
 

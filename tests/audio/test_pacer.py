@@ -4,10 +4,10 @@ import numpy as np
 from aiortc.codecs.g711 import PcmuEncoder
 from aiortc.codecs.opus import OpusEncoder
 
-from agent.testing.clock import FakeClock
-from agent.webrtc.outbound import AgentAudioTrack
 from agent.audio.pacer import Pacer
 from agent.audio.playout import PlayoutBuffer
+from agent.testing.clock import FakeClock
+from agent.webrtc.outbound import AgentAudioTrack
 
 
 async def test_an_hour_of_pacing_has_no_drift() -> None:

@@ -1,1 +1,2 @@
-"""agent/ top level: ticker, leg registry, recording, watchdog, metrics, the peer and offline CLIs, plugin flags."""
+"""agent/ top level: ticker, leg registry, recording, watchdog, metrics, the peer and offline
+CLIs, plugin flags."""

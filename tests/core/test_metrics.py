@@ -11,7 +11,6 @@ from prometheus_client.parser import text_string_to_metric_families
 from agent.media_agent import AgentSettings
 from agent.testing.peer import run_call
 from signaling.auth import AuthSettings
-
 from tests.support.agents import AgentFactory, RunningAgent, all_freed, wait_until
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
@@ -114,7 +113,7 @@ async def test_an_rtp_leg_is_counted_under_its_transport(echo_agent: RunningAgen
     loop = asyncio.get_running_loop()
     caller, _ = await loop.create_datagram_endpoint(asyncio.DatagramProtocol,
                                                     local_addr=("127.0.0.1", 0))
-    remote = "127.0.0.1:%d" % caller.get_extra_info("sockname")[1]
+    remote = f"127.0.0.1:{caller.get_extra_info('sockname')[1]:d}"
     async with aiohttp.ClientSession() as http:
         async with http.post(echo_agent.url + "/v1/telephony/rtp",
                              json={"remote": remote}) as response:

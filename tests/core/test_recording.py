@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 
 from agent.call_settings import CallSettings
-from agent.media_agent import AgentSettings
-from agent.testing.peer import run_call
-from agent.recording import take_record_option
 from agent.errors import AgentError
+from agent.media_agent import AgentSettings
 from agent.plugins.base import SessionConfig
+from agent.recording import take_record_option
+from agent.testing.peer import run_call
 from tests.support.agents import AgentFactory, all_freed, wait_until
 
 DELAY_FRAMES = 5  # the echo answers each frame five 80 ms frames later
@@ -60,7 +60,8 @@ async def test_a_call_is_recorded_caller_left_agent_right_on_one_clock(
     assert all(isinstance(entry["t"], float) for entry in events)
 
 
-async def test_a_call_that_opts_out_leaves_no_files(start_agent: AgentFactory, tmp_path: Path) -> None:
+async def test_a_call_that_opts_out_leaves_no_files(start_agent: AgentFactory,
+                                                     tmp_path: Path) -> None:
     running = await start_agent(settings=recording_settings(tmp_path))
     report, _, _ = await run_call(running.url, seconds=1.0,
                                   session={"extra_body": {"record": False}})

@@ -7,10 +7,15 @@ from collections.abc import Sequence
 import numpy as np
 import pytest
 
-from agent.testing.clock import FakeClock
 from agent.plugins.base import (
-    Capabilities, Plugin, PluginSession, RuntimeConfig, SessionConfig, StepOutput,
+    Capabilities,
+    Plugin,
+    PluginSession,
+    RuntimeConfig,
+    SessionConfig,
+    StepOutput,
 )
+from agent.testing.clock import FakeClock
 from agent.ticker import TRIM_WINDOW_TICKS, PluginSlot, Ticker
 
 FRAME = 4  # tiny frames keep the arithmetic readable: 4 samples at 50 Hz = 80 ms
@@ -92,7 +97,8 @@ async def test_all_live_sessions_share_one_batched_step(clock: FakeClock) -> Non
     await ticker.close()
     # A step snapshotted before b joined may still land after open_session returned (the
     # worker runs it after b's create_session): judge from the first step that saw b.
-    first_with_b = next(i for i, batch in enumerate(plugin.batches) if ("b" in [v for v, _ in batch]))
+    first_with_b = next(i for i, batch in enumerate(plugin.batches)
+                        if ("b" in [v for v, _ in batch]))
     after_join = plugin.batches[first_with_b:]
     assert len(after_join) >= 3
     assert all([v for v, _ in batch] == ["a", "b"] for batch in after_join)

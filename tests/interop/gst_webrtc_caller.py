@@ -4,7 +4,8 @@
 
 Sends IN.wav to `POST URL/v1/realtime/calls` with webrtcbin's defaults (its own RSA DTLS
 certificate, non-trickle offer once gathering completes), records what comes back to OUT.raw
-(48 kHz mono s16le, no header: a header needs an EOS that can stall a failed pipeline) and prints one JSON report: connect time, states, data-channel events.
+(48 kHz mono s16le, no header: a header needs an EOS that can stall a failed pipeline) and
+prints one JSON report: connect time, states, data-channel events.
 Kept free of the project's imports: it runs outside the project's interpreter.
 """
 
@@ -27,8 +28,10 @@ gi.require_version("GstWebRTC", "1.0")
 from gi.repository import GLib, Gst, GstSdp, GstWebRTC  # noqa: E402
 
 ENCODERS = {
-    "opus": "opusenc ! rtpopuspay pt=111 ! application/x-rtp,media=audio,encoding-name=OPUS,payload=111",
-    "pcmu": "mulawenc ! rtppcmupay pt=0 ! application/x-rtp,media=audio,encoding-name=PCMU,payload=0",
+    "opus": "opusenc ! rtpopuspay pt=111 ! "
+            "application/x-rtp,media=audio,encoding-name=OPUS,payload=111",
+    "pcmu": "mulawenc ! rtppcmupay pt=0 ! "
+            "application/x-rtp,media=audio,encoding-name=PCMU,payload=0",
 }
 
 
@@ -40,7 +43,8 @@ class Caller:
         self.started = time.monotonic()
         self.pipeline = Gst.parse_launch(
             f"webrtcbin name=webrtc bundle-policy=max-bundle "
-            f"filesrc location={args.input} ! wavparse ! identity sync=true ! audioconvert ! audioresample ! "
+            f"filesrc location={args.input} ! wavparse ! identity sync=true ! audioconvert ! "
+            f"audioresample ! "
             f"audio/x-raw,channels=1 ! {ENCODERS[args.codec]} ! queue ! webrtc."
         )
         self.webrtc = self.pipeline.get_by_name("webrtc")
@@ -74,7 +78,9 @@ class Caller:
     def hang_up(self, location: str) -> None:
         url = urllib.parse.urljoin(self.args.url.rstrip("/") + "/", location)
         try:
-            with urllib.request.urlopen(urllib.request.Request(url, method="DELETE"), timeout=10) as response:
+            with urllib.request.urlopen(
+                urllib.request.Request(url, method="DELETE"), timeout=10
+            ) as response:
                 self.report["hangup_status"] = response.status
         except Exception as error:
             self.report["errors"].append(f"hangup: {error}")
@@ -122,7 +128,9 @@ class Caller:
 
     def apply_answer(self, answer: str) -> bool:
         _, message = GstSdp.SDPMessage.new_from_text(answer)
-        description = GstWebRTC.WebRTCSessionDescription.new(GstWebRTC.WebRTCSDPType.ANSWER, message)
+        description = GstWebRTC.WebRTCSessionDescription.new(
+            GstWebRTC.WebRTCSDPType.ANSWER, message
+        )
         self.webrtc.emit("set-remote-description", description, Gst.Promise.new())
         return False
 

@@ -84,7 +84,8 @@ async def test_ffmpeg_sends_and_receives_an_rtp_leg(
     )
     async with aiohttp.ClientSession() as http:
         async with http.post(f"{running.url}{RTP_PATH}",
-                             json={"remote": f"127.0.0.1:{receive_port}", "codec": "PCMU"}) as response:
+                             json={"remote": f"127.0.0.1:{receive_port}",
+                                   "codec": "PCMU"}) as response:
             body = await response.json()
             assert response.status == 201, body
         local_port = int(body["local"].rsplit(":", 1)[1])
@@ -118,5 +119,6 @@ async def test_ffmpeg_sends_and_receives_an_rtp_leg(
     assert echo.holes == 0, (echo, json.dumps(stats))
     await wait_until(lambda: not running.agent.telephony_legs and not running.agent.ticker.slots)
     print(json.dumps({"packet_ms": stats["packet_ms"], "underruns": stats["jitter"]["underruns"],
-                      "correlation": round(echo.correlation, 3), "lag_s": round(echo.lag_seconds, 3),
+                      "correlation": round(echo.correlation, 3),
+                      "lag_s": round(echo.lag_seconds, 3),
                       "lag_spread_s": echo.lag_spread_seconds}), file=sys.stderr)

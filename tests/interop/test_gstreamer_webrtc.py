@@ -14,12 +14,11 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import pytest
 
-import numpy as np
-
-from agent.testing.peer import save_wav
 from agent.rtc_tuning import limit_host_addresses
+from agent.testing.peer import save_wav
 from agent.testing.testsignal import make_test_signal, measure_echo
 from tests.support.agents import AgentFactory, all_freed, wait_until
 
@@ -36,7 +35,8 @@ def webrtcbin_available() -> bool:
         "import sys; sys.exit(0 if Gst.ElementFactory.find('webrtcbin') else 1)"
     )
     try:
-        return subprocess.run([SYSTEM_PYTHON, "-c", probe], capture_output=True, timeout=30).returncode == 0
+        probed = subprocess.run([SYSTEM_PYTHON, "-c", probe], capture_output=True, timeout=30)
+        return probed.returncode == 0
     except (OSError, subprocess.TimeoutExpired):
         return False
 
@@ -46,7 +46,8 @@ def gstreamer() -> None:
     if not webrtcbin_available():
         if os.environ.get("CI"):
             pytest.fail("GStreamer webrtcbin missing: scripts/install-test-deps.sh installs it")
-        pytest.skip("GStreamer webrtcbin (python3-gi, gstreamer1.0-plugins-bad, gstreamer1.0-nice) not installed")
+        pytest.skip("GStreamer webrtcbin (python3-gi, gstreamer1.0-plugins-bad, "
+                    "gstreamer1.0-nice) not installed")
 
 
 def sent_offset(sent: np.ndarray, received: np.ndarray, rate: int = 48000) -> int:
@@ -89,7 +90,8 @@ async def webrtcbin_call(url: str, tmp_path: Path, sent: np.ndarray,
     except asyncio.TimeoutError:
         process.kill()
         stdout, stderr = await process.communicate()
-        pytest.fail(f"webrtcbin caller hung: {stdout.decode()} {stderr.decode(errors='replace')[-3000:]}")
+        pytest.fail(f"webrtcbin caller hung: {stdout.decode()} "
+                    f"{stderr.decode(errors='replace')[-3000:]}")
     assert stdout, stderr.decode(errors="replace")[-2000:]
     report = json.loads(stdout.decode().strip().splitlines()[-1])
     assert report["connected"], report

@@ -39,7 +39,8 @@ def free_port() -> int:
 @pytest.fixture
 async def moshi_server(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[str]:
     require_oracle("moshi.models.lm")  # moshi==0.2.13 (its server module parses argv on import)
-    checkpoint = write_checkpoint(tmp_path_factory.mktemp("kyutai") / "tiny", "tiny", "moshi", seed=1)
+    checkpoint = write_checkpoint(tmp_path_factory.mktemp("kyutai") / "tiny", "tiny", "moshi",
+                                  seed=1)
     # Kyutai's loader looks `mimi_config_name` up on the hub unless it is a file:// path.
     config = json.loads((checkpoint / "config.json").read_text())
     config["mimi_config_name"] = "file://" + str(checkpoint / config["mimi_config_name"])

@@ -6,11 +6,10 @@ import asyncio
 import json
 import logging
 
-from agent.webrtc.leg import new_call_id
 from agent.logs.json_log import JsonFormatter
-from agent.testing.peer import run_call
 from agent.task_owner import TaskOwner
-
+from agent.testing.peer import run_call
+from agent.webrtc.leg import new_call_id
 from tests.support.server_process import read_until, running_server
 
 

@@ -14,7 +14,9 @@ from agent.plugins.personaplex.tiny_checkpoint import write_checkpoint
 def tiny_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny PersonaPlex-layout (dep_q 16) checkpoint directory."""
     torch.set_num_threads(1)
-    return write_checkpoint(tmp_path_factory.mktemp("tiny_personaplex"), "tiny", "personaplex", seed=0)
+    return write_checkpoint(
+        tmp_path_factory.mktemp("tiny_personaplex"), "tiny", "personaplex", seed=0
+    )
 
 
 @pytest.fixture(scope="session")

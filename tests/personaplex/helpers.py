@@ -16,7 +16,6 @@ from agent.plugins.personaplex.lm import LMModel
 from agent.plugins.personaplex.mimi import MimiModel
 from agent.plugins.personaplex.prompt import PromptPlan, VoicePrompt, persona_tokens
 
-
 # A Moshi-layout LM (dep_q 8) small enough to step on CPU in milliseconds; a context of 8
 # frames so slots at different positions all wrap the ring KV cache during a test.
 TINY_LM_KWARGS: dict[str, Any] = dict(
@@ -50,7 +49,9 @@ class TinyModels:
     mimi: MimiModel
     tokenizer: Any
 
-    def plan(self, voice: str | None = "NATF2.pt", persona: str | None = DEFAULT_PERSONA) -> PromptPlan:
+    def plan(
+        self, voice: str | None = "NATF2.pt", persona: str | None = DEFAULT_PERSONA
+    ) -> PromptPlan:
         voice_prompt = None
         if voice is not None:
             raw = self.files.load_voice(voice, torch.device("cpu"))

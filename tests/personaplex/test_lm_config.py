@@ -1,4 +1,5 @@
-"""config.json is read exactly as the reference `CheckpointInfo` reads it; loading errors are clear."""
+"""config.json is read exactly as the reference `CheckpointInfo` reads it; loading errors are
+clear."""
 
 from __future__ import annotations
 
@@ -17,7 +18,6 @@ from agent.plugins.personaplex.lm_config import (
     load_lm,
     personaplex_7b_lm_kwargs,
 )
-
 from tests.support.oracles import require as require_oracle
 
 from .helpers import TINY_LM_KWARGS
@@ -73,7 +73,9 @@ def test_config_fields_match_reference_checkpoint_info(tmp_path: Path) -> None:
     assert ours.tokenizer_path == directory / "spm.model"
     assert ours.mimi_num_codebooks == 2
     # Built from the same kwargs, our module tree has exactly the reference's parameter names.
-    reference_lm = ref_loaders.get_moshi_lm(None, lm_kwargs=reference.lm_config, dtype=torch.float32)
+    reference_lm = ref_loaders.get_moshi_lm(
+        None, lm_kwargs=reference.lm_config, dtype=torch.float32
+    )
     assert set(build_lm(ours).state_dict()) == set(reference_lm.state_dict())
 
 
@@ -101,7 +103,9 @@ def test_missing_config_means_moshi_7b_like_reference(tmp_path: Path) -> None:
         ({"mimi_config_name": "absent.json"}, "is missing"),
     ],
 )
-def test_bad_config_entries_are_refused(tmp_path: Path, override: dict[str, Any], message: str) -> None:
+def test_bad_config_entries_are_refused(
+    tmp_path: Path, override: dict[str, Any], message: str
+) -> None:
     directory = _write_dir(tmp_path / "ckpt", {**TINY_LM, **override})
     with pytest.raises((ValueError, FileNotFoundError), match=message):
         load_checkpoint_info(directory)
@@ -145,7 +149,9 @@ def test_memory_estimate_matches_real_tensors_and_7b_sizes(tmp_path: Path) -> No
     model = build_lm(info, dtype=torch.float32)
     stepper = LMStepper(model, 3)
     real_state = sum(
-        v.numel() * v.element_size() for _, m in streaming.streaming_modules(stepper) for v in (m.state or {}).values()
+        v.numel() * v.element_size()
+        for _, m in streaming.streaming_modules(stepper)
+        for v in (m.state or {}).values()
     )
     assert estimate.weight_bytes == sum(p.numel() * p.element_size() for p in model.parameters())
     assert estimate.total_bytes(3) == estimate.weight_bytes + real_state

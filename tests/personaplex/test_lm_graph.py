@@ -12,6 +12,7 @@ from agent.plugins.personaplex import streaming
 from agent.plugins.personaplex.lm import LMModel
 from agent.plugins.personaplex.lm_graph import GraphedLMStep
 from agent.plugins.personaplex.lm_stepper import LMStepOutput, LMStepper
+
 from .helpers import TINY_LM_KWARGS
 
 pytestmark = pytest.mark.model
@@ -31,21 +32,30 @@ def _lm(device: str = "cpu") -> LMModel:
 
 def _inputs(t: int, batch: int, device: str) -> dict[str, Any]:
     gen = torch.Generator().manual_seed(100 + t)
-    kwargs: dict[str, Any] = {"user_codes": torch.randint(0, CONFIG["card"], (batch, 8), generator=gen).to(device)}
+    kwargs: dict[str, Any] = {
+        "user_codes": torch.randint(0, CONFIG["card"], (batch, 8), generator=gen).to(device)
+    }
     if t < 4:
         kwargs["forced_text"] = torch.tensor([3] + [-1] * (batch - 1), device=device)
         kwargs["forced_agent"] = torch.full((batch, 8), -1, device=device)
         kwargs["forced_agent"][0] = torch.arange(8)
     if t in (1, 2):
         kwargs["input_embeddings"] = torch.randn(batch, CONFIG["dim"], generator=gen).to(device)
-        kwargs["embeddings_mask"] = torch.tensor([False, True] + [False] * (batch - 2), device=device)
+        kwargs["embeddings_mask"] = torch.tensor(
+            [False, True] + [False] * (batch - 2), device=device
+        )
     if t % 5 == 3:
         kwargs["active"] = torch.tensor([True, False] + [True] * (batch - 2), device=device)
     return kwargs
 
 
 def _as_lists(out: LMStepOutput) -> tuple:
-    return (out.text_tokens.tolist(), out.audio_codes.tolist(), out.audio_valid.tolist(), out.aligned_text.tolist())
+    return (
+        out.text_tokens.tolist(),
+        out.audio_codes.tolist(),
+        out.audio_valid.tolist(),
+        out.aligned_text.tolist(),
+    )
 
 
 def _compare(device: str, use_graph: bool) -> None:
@@ -75,7 +85,8 @@ def test_all_frozen_step_leaves_slot_state_untouched() -> None:
     before = {
         name: {k: v.clone() for k, v in module.state.items()}
         for name, module in streaming.streaming_modules(stepper)
-        if name.removeprefix("lm.") not in {f"depformer{'.' + n if n else ''}" for n in depformer_scratch}
+        if name.removeprefix("lm.")
+        not in {f"depformer{'.' + n if n else ''}" for n in depformer_scratch}
     }
     frozen = torch.zeros(3, dtype=torch.bool)
     for t in range(5, 8):

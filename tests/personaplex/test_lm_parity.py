@@ -20,7 +20,6 @@ from safetensors.torch import save_file
 
 from agent.plugins.personaplex.lm_config import load_checkpoint_info, load_lm
 from agent.plugins.personaplex.lm_stepper import LMStepper
-
 from tests.support.oracles import require as require_oracle
 
 from .helpers import TINY_LM_KWARGS
@@ -68,7 +67,9 @@ TINY_LAYER_NORM: dict[str, Any] = {
 }
 
 
-def write_checkpoint(directory: Path, config: dict[str, Any], seed: int, dtype: torch.dtype = torch.float32) -> Any:
+def write_checkpoint(
+    directory: Path, config: dict[str, Any], seed: int, dtype: torch.dtype = torch.float32
+) -> Any:
     """A reference LMModel with random weights, saved in the release layout."""
     torch.manual_seed(seed)
     reference = ref_lm.LMModel(**config).eval()
@@ -105,13 +106,19 @@ def run_ours(stepper: LMStepper, user_codes: torch.Tensor) -> list[torch.Tensor 
 
 
 @pytest.mark.parametrize(
-    ("config", "steps"), [(TINY, 52), (SMALL, 52), (TINY_LAYER_NORM, 30)], ids=["tiny", "small", "tiny-layer-norm"]
+    ("config", "steps"),
+    [(TINY, 52), (SMALL, 52), (TINY_LAYER_NORM, 30)],
+    ids=["tiny", "small", "tiny-layer-norm"],
 )
 @pytest.mark.slow
-def test_greedy_tokens_match_reference_lmgen(tmp_path: Path, config: dict[str, Any], steps: int) -> None:
+def test_greedy_tokens_match_reference_lmgen(
+    tmp_path: Path, config: dict[str, Any], steps: int
+) -> None:
     reference = write_checkpoint(tmp_path / "ckpt", config, seed=0)
     ours = load_lm(load_checkpoint_info(tmp_path / "ckpt"), device="cpu", dtype=torch.float32)
-    user_codes = torch.randint(0, config["card"], (2, 8, steps), generator=torch.Generator().manual_seed(1))
+    user_codes = torch.randint(
+        0, config["card"], (2, 8, steps), generator=torch.Generator().manual_seed(1)
+    )
     expected = run_reference(reference, user_codes)
     got = run_ours(LMStepper(ours, 2), user_codes)
     assert expected[0] is None and got[0] is None
@@ -119,7 +126,9 @@ def test_greedy_tokens_match_reference_lmgen(tmp_path: Path, config: dict[str, A
     assert len(frames) == steps - 1
     for t in frames:
         assert got[t] is not None
-        assert torch.equal(got[t], expected[t]), f"frame {t}: {got[t].tolist()} != {expected[t].tolist()}"
+        assert torch.equal(got[t], expected[t]), (
+            f"frame {t}: {got[t].tolist()} != {expected[t].tolist()}"
+        )
     # The comparison means something only if the model really produces varied tokens.
     stacked = torch.stack([expected[t] for t in frames])
     assert len(torch.unique(stacked[:, :, 0])) > 3
@@ -129,7 +138,7 @@ def test_greedy_tokens_match_reference_lmgen(tmp_path: Path, config: dict[str, A
 def assert_same_tokens(expected: list[Any], got: list[Any]) -> None:
     """Frame by frame: no output where the reference has none, else the same tokens."""
     assert len(expected) == len(got)
-    for e, g in zip(expected, got):
+    for e, g in zip(expected, got, strict=True):
         assert (e is None) == (g is None)
         if e is not None:
             assert torch.equal(g, e)
@@ -140,7 +149,9 @@ def test_bf16_checkpoint_computes_in_float32(tmp_path: Path) -> None:
     reference = write_checkpoint(tmp_path / "ckpt", TINY, seed=3, dtype=torch.bfloat16)
     ours = load_lm(load_checkpoint_info(tmp_path / "ckpt"), device="cpu", dtype=torch.float32)
     assert all(p.dtype == torch.float32 for p in ours.parameters())
-    user_codes = torch.randint(0, TINY["card"], (1, 8, 20), generator=torch.Generator().manual_seed(4))
+    user_codes = torch.randint(
+        0, TINY["card"], (1, 8, 20), generator=torch.Generator().manual_seed(4)
+    )
     expected = run_reference(reference, user_codes)
     got = run_ours(LMStepper(ours, 1), user_codes)
     assert_same_tokens(expected, got)
@@ -172,7 +183,9 @@ def test_personaplex_layout_generates_like_reference_agent_depformer(tmp_path: P
     cut = {k: v for k, v in state.items() if k in reference.state_dict()}
     reference.load_state_dict(cut, strict=True)
     ours = load_lm(load_checkpoint_info(tmp_path / "pp"), device="cpu", dtype=torch.float32)
-    user_codes = torch.randint(0, config["card"], (1, 8, 30), generator=torch.Generator().manual_seed(6))
+    user_codes = torch.randint(
+        0, config["card"], (1, 8, 30), generator=torch.Generator().manual_seed(6)
+    )
     expected = run_reference(reference, user_codes)
     got = run_ours(LMStepper(ours, 1), user_codes)
     assert_same_tokens(expected, got)
@@ -191,7 +204,10 @@ def test_personaplex_8_step_depformer_checkpoint_is_filled(tmp_path: Path) -> No
         state[key] = value.contiguous()
     for layer in range(config["depformer_num_layers"]):
         for kind, fused in (("in_projs", "in_proj_weight"), ("out_projs", "out_proj.weight")):
-            parts = [small.state_dict()[f"depformer.layers.{layer}.self_attn.{kind}.{i}.weight"] for i in range(8)]
+            parts = [
+                small.state_dict()[f"depformer.layers.{layer}.self_attn.{kind}.{i}.weight"]
+                for i in range(8)
+            ]
             state[f"depformer.layers.{layer}.self_attn.{fused}"] = torch.cat(parts).contiguous()
     for layer in range(config["num_layers"]):
         state[f"transformer.layers.{layer}.self_attn.in_proj_weight"] = small.state_dict()[
@@ -209,7 +225,9 @@ def test_personaplex_8_step_depformer_checkpoint_is_filled(tmp_path: Path) -> No
     for key, value in small.state_dict().items():
         assert torch.equal(ours_state[key], value), key
     assert torch.equal(ours_state["linears.12.weight"], small.state_dict()["linears.4.weight"])
-    assert torch.equal(ours_state["depformer_emb.9.weight"], small.state_dict()["depformer_emb.1.weight"])
+    assert torch.equal(
+        ours_state["depformer_emb.9.weight"], small.state_dict()["depformer_emb.1.weight"]
+    )
     assert not ours_state["depformer_emb.7.weight"].any()
     assert torch.equal(
         ours_state["depformer.layers.1.self_attn.in_projs.9.weight"],

@@ -45,5 +45,7 @@ def test_sampling_depends_only_on_the_slot_seed_and_step() -> None:
     step = torch.tensor([0, 3, 3, 9])
     together = choose_tokens(logits, True, 1.0, 0, seed, step, 2)
     for slot in range(4):
-        alone = choose_tokens(logits[slot : slot + 1], True, 1.0, 0, seed[slot : slot + 1], step[slot : slot + 1], 2)
+        alone = choose_tokens(
+            logits[slot : slot + 1], True, 1.0, 0, seed[slot : slot + 1], step[slot : slot + 1], 2
+        )
         assert int(alone[0]) == int(together[slot])

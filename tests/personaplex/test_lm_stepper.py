@@ -11,6 +11,7 @@ import torch
 from agent.plugins.personaplex.lm import LMModel
 from agent.plugins.personaplex.lm_stepper import UNGENERATED, LMStepOutput, LMStepper
 from agent.plugins.personaplex.sampling import SamplingConfig
+
 from .helpers import TINY_LM_KWARGS
 
 pytestmark = pytest.mark.model
@@ -29,7 +30,9 @@ def lm() -> LMModel:
 
 
 def _codes(seed: int, batch: int, frames: int) -> torch.Tensor:
-    return torch.randint(0, CONFIG["card"], (batch, 8, frames), generator=torch.Generator().manual_seed(seed))
+    return torch.randint(
+        0, CONFIG["card"], (batch, 8, frames), generator=torch.Generator().manual_seed(seed)
+    )
 
 
 def _record(out: LMStepOutput, slot: int) -> tuple[int, bool, tuple[int, ...], int]:
@@ -41,14 +44,20 @@ def _record(out: LMStepOutput, slot: int) -> tuple[int, bool, tuple[int, ...], i
     )
 
 
-def _alone(lm: LMModel, codes: torch.Tensor, frames: int, sampling: SamplingConfig | None, seed: int) -> list:
+def _alone(
+    lm: LMModel, codes: torch.Tensor, frames: int, sampling: SamplingConfig | None, seed: int
+) -> list:
     stepper = LMStepper(lm, 1, sampling)
     stepper.reset_slots(torch.tensor([True]), seeds=torch.tensor([seed]))
     return [_record(stepper.step(codes[None, :, t]), 0) for t in range(frames)]
 
 
-@pytest.mark.parametrize("sampling", [None, SamplingConfig(use_sampling=True)], ids=["greedy", "sampled"])
-def test_slots_joining_at_different_frames_match_running_alone(lm: LMModel, sampling: SamplingConfig | None) -> None:
+@pytest.mark.parametrize(
+    "sampling", [None, SamplingConfig(use_sampling=True)], ids=["greedy", "sampled"]
+)
+def test_slots_joining_at_different_frames_match_running_alone(
+    lm: LMModel, sampling: SamplingConfig | None
+) -> None:
     starts = [0, 3, 9, 14]
     frames = 24
     codes = _codes(1, 4, frames)
@@ -64,7 +73,9 @@ def test_slots_joining_at_different_frames_match_running_alone(lm: LMModel, samp
             stepper.reset_slots(joining, seeds=torch.tensor(seeds))
         user = torch.stack(
             [
-                codes[slot, :, tick - start] if start <= tick < start + frames else garbage[slot, :, tick % 40]
+                codes[slot, :, tick - start]
+                if start <= tick < start + frames
+                else garbage[slot, :, tick % 40]
                 for slot, start in enumerate(starts)
             ]
         )
@@ -90,7 +101,9 @@ def test_frozen_slot_continues_as_if_paused(lm: LMModel) -> None:
         if local == frames:
             break
         active = torch.tensor([True, tick % 3 != 2])
-        out = stepper.step(torch.stack([codes[0, :, tick % frames], codes[1, :, local]]), active=active)
+        out = stepper.step(
+            torch.stack([codes[0, :, tick % frames], codes[1, :, local]]), active=active
+        )
         if active[1]:
             got.append(_record(out, 1))
             local += 1
@@ -110,7 +123,9 @@ def test_forced_text_and_agent_frames(lm: LMModel) -> None:
     for t in range(12):
         forced_text = torch.tensor([3, -1]) if t < 6 else not_forced
         forced_agent = torch.stack([silence[0], torch.full((8,), -1)]) if t < 6 else None
-        outs.append(stepper.step(codes[:, :, t], forced_text=forced_text, forced_agent=forced_agent))
+        outs.append(
+            stepper.step(codes[:, :, t], forced_text=forced_text, forced_agent=forced_agent)
+        )
     assert not bool(outs[0].audio_valid.any())
     for t in range(6):
         assert int(outs[t].text_tokens[0]) == 3
@@ -122,7 +137,9 @@ def test_forced_text_and_agent_frames(lm: LMModel) -> None:
     assert outs[0].audio_codes[0].tolist() == [UNGENERATED] * 8
 
 
-def _run(lm: LMModel, batch: int, inputs: list[dict[str, Any]]) -> tuple[list[LMStepOutput], LMStepper]:
+def _run(
+    lm: LMModel, batch: int, inputs: list[dict[str, Any]]
+) -> tuple[list[LMStepOutput], LMStepper]:
     stepper = LMStepper(lm, batch)
     return [stepper.step(**kwargs) for kwargs in inputs], stepper
 
@@ -136,11 +153,15 @@ def test_input_embeddings_replace_only_masked_slots(lm: LMModel) -> None:
         lm,
         2,
         [
-            {"user_codes": codes[:, :, t], "input_embeddings": embeddings, "embeddings_mask": torch.tensor([False, t < 3])}
+            {
+                "user_codes": codes[:, :, t],
+                "input_embeddings": embeddings,
+                "embeddings_mask": torch.tensor([False, t < 3]),
+            }
             for t in range(6)
         ],
     )
-    for a, b in zip(plain, replaced):
+    for a, b in zip(plain, replaced, strict=True):
         assert _record(a, 0) == _record(b, 0)
     assert not torch.equal(plain_tokens[1], replaced_stepper.state["tokens"][1])
 
@@ -178,7 +199,9 @@ def test_restore_token_cache_maps_columns(lm: LMModel) -> None:
     offset = int(stepper.state["offset"][1])
     ring = stepper.ring
     for column in range(offset, offset + ring):
-        assert stepper.state["tokens"][1, :, column % ring].tolist() == saved[:, column % 4].tolist()
+        assert (
+            stepper.state["tokens"][1, :, column % ring].tolist() == saved[:, column % 4].tolist()
+        )
     assert (stepper.state["tokens"][0] != saved[:, :1]).any()
 
 
@@ -195,8 +218,13 @@ def test_missing_or_misshaped_user_codes_are_errors(lm: LMModel) -> None:
 def test_extra_codec_codebooks_are_ignored(lm: LMModel) -> None:
     codes = _codes(12, 2, 5)
     extra = torch.randint(0, CONFIG["card"], (2, 4, 5), generator=torch.Generator().manual_seed(13))
-    plain = [_record(out, 1) for out in _run(lm, 2, [{"user_codes": codes[:, :, t]} for t in range(5)])[0]]
-    wide = _run(lm, 2, [{"user_codes": torch.cat([codes[:, :, t], extra[:, :, t]], 1)} for t in range(5)])[0]
+    plain = [
+        _record(out, 1)
+        for out in _run(lm, 2, [{"user_codes": codes[:, :, t]} for t in range(5)])[0]
+    ]
+    wide = _run(
+        lm, 2, [{"user_codes": torch.cat([codes[:, :, t], extra[:, :, t]], 1)} for t in range(5)]
+    )[0]
     assert plain == [_record(out, 1) for out in wide]
 
 

@@ -16,7 +16,6 @@ from agent.plugins.personaplex.mimi_config import (
     read_mimi_config,
     standard_mimi_config,
 )
-
 from tests.support.oracles import require as require_oracle
 
 pytestmark = pytest.mark.model
@@ -41,7 +40,9 @@ def test_standard_mimi_has_the_reference_key_layout() -> None:
     assert ours_shapes == ref_shapes
     assert ours.total_codebooks == 32
     assert ours.frame_size == 1920
-    assert sum(p.numel() for p in ours.parameters()) == sum(p.numel() for p in reference.parameters())
+    assert sum(p.numel() for p in ours.parameters()) == sum(
+        p.numel() for p in reference.parameters()
+    )
 
 
 def test_mimi_json_file_round_trips(tmp_path) -> None:

@@ -8,7 +8,12 @@ import pytest
 import torch
 
 from agent.plugins.personaplex.mimi_config import build_mimi
-from agent.plugins.personaplex.mimi_graph import GraphedMimi, restore_state, save_state, streaming_layers
+from agent.plugins.personaplex.mimi_graph import (
+    GraphedMimi,
+    restore_state,
+    save_state,
+    streaming_layers,
+)
 from agent.plugins.personaplex.streaming import reset_slots, start_streaming
 from agent.plugins.personaplex.tiny_checkpoint import mimi_architecture
 
@@ -33,10 +38,14 @@ def test_saved_state_restores_exactly() -> None:
         for t in range(2):
             mimi.decode(mimi.encode(audio[..., t * FRAME : (t + 1) * FRAME]))
         saved = save_state(layers)
-        first = [mimi.decode(mimi.encode(audio[..., t * FRAME : (t + 1) * FRAME])) for t in range(2, 6)]
+        first = [
+            mimi.decode(mimi.encode(audio[..., t * FRAME : (t + 1) * FRAME])) for t in range(2, 6)
+        ]
         restore_state(layers, saved)
-        again = [mimi.decode(mimi.encode(audio[..., t * FRAME : (t + 1) * FRAME])) for t in range(2, 6)]
-    assert all(torch.equal(a, b) for a, b in zip(first, again))
+        again = [
+            mimi.decode(mimi.encode(audio[..., t * FRAME : (t + 1) * FRAME])) for t in range(2, 6)
+        ]
+    assert all(torch.equal(a, b) for a, b in zip(first, again, strict=True))
 
 
 def test_eager_fallback_is_the_model() -> None:
@@ -79,6 +88,9 @@ def test_graph_replay_matches_eager_streaming() -> None:
                 codes = eager.encode(chunk, active=active)
                 assert torch.equal(graphed.encode(chunk, active=active), codes), (restart, t)
                 out = eager.decode(codes, active=active)
-                assert (graphed.decode(codes, active=active) - out).abs().max().item() <= 1e-4, (restart, t)
+                assert (graphed.decode(codes, active=active) - out).abs().max().item() <= 1e-4, (
+                    restart,
+                    t,
+                )
                 if t == 10:
                     assert torch.equal(graphed.encode(chunk), eager.encode(chunk))

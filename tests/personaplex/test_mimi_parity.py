@@ -15,7 +15,6 @@ from safetensors.torch import save_file
 
 from agent.plugins.personaplex.mimi_config import MimiConfigError, build_mimi, load_mimi
 from agent.plugins.personaplex.streaming import reset_slots, start_streaming, stop_streaming
-
 from tests.support.oracles import require as require_oracle
 
 pytestmark = pytest.mark.model
@@ -33,7 +32,9 @@ TINY_MIMI = {
         "kernel_size": 7, "residual_kernel_size": 3, "last_kernel_size": 3, "norm": "none",
         "pad_mode": "constant", "ratios": [8, 6, 5, 4], "true_skip": True,
     },
-    "quantizer": {"dimension": 16, "n_q": 10, "bins": 64, "input_dimension": 32, "output_dimension": 32},
+    "quantizer": {
+        "dimension": 16, "n_q": 10, "bins": 64, "input_dimension": 32, "output_dimension": 32,
+    },
     "transformer": {
         "d_model": 32, "num_heads": 2, "num_layers": 2, "causal": True, "layer_scale": 0.01,
         "context": 7, "conv_layout": True, "max_period": 10000, "gating": "none",
@@ -46,7 +47,9 @@ NUM_CODEBOOKS = 8
 
 def make_reference(seed: int = 0):
     torch.manual_seed(seed)
-    reference = loaders.get_mimi(None, copy.deepcopy(TINY_MIMI), device="cpu", num_codebooks=NUM_CODEBOOKS)
+    reference = loaders.get_mimi(
+        None, copy.deepcopy(TINY_MIMI), device="cpu", num_codebooks=NUM_CODEBOOKS
+    )
     with torch.no_grad():
         for name, tensor in reference.state_dict().items():
             if name.endswith("cluster_usage"):
@@ -184,7 +187,7 @@ def test_frozen_slot_state_is_untouched(pair) -> None:
             out = ours.decode(codes, active=active)
             if t not in frozen:
                 got.append((codes[1:2], out[1:2]))
-    for (codes, out), (want_codes, want_out) in zip(got, alone):
+    for (codes, out), (want_codes, want_out) in zip(got, alone, strict=True):
         assert torch.equal(codes, want_codes)
         assert (out - want_out).abs().max().item() <= 1e-5
     with pytest.raises(ValueError, match="active"):
@@ -203,7 +206,10 @@ def test_streaming_rejects_partial_frames(pair) -> None:
 def test_bf16_weights_compute_in_requested_dtype(pair, tmp_path) -> None:
     reference, _, _ = pair
     path = tmp_path / "bf16.safetensors"
-    state = {k: (v.to(torch.bfloat16) if v.is_floating_point() else v).contiguous() for k, v in reference.state_dict().items()}
+    state = {
+        k: (v.to(torch.bfloat16) if v.is_floating_point() else v).contiguous()
+        for k, v in reference.state_dict().items()
+    }
     save_file(state, str(path))
     ours = load_mimi(path, TINY_MIMI, "cpu", torch.float32, NUM_CODEBOOKS)
     assert all(p.dtype == torch.float32 for p in ours.parameters())

@@ -37,7 +37,9 @@ def _code(fn, *args, **kwargs) -> str:  # type: ignore[no-untyped-def]
 
 @pytest.fixture(scope="module")
 def plugin(tiny_checkpoint: Path) -> Iterator[PersonaPlexPlugin]:
-    loaded = load_plugin("personaplex", PluginOptions(model_dir=str(tiny_checkpoint), max_sessions=2))
+    loaded = load_plugin(
+        "personaplex", PluginOptions(model_dir=str(tiny_checkpoint), max_sessions=2)
+    )
     assert isinstance(loaded, PersonaPlexPlugin)
     yield _start(loaded)
     asyncio.run(loaded.close())
@@ -54,7 +56,9 @@ def test_capabilities(plugin: PersonaPlexPlugin) -> None:
 def test_defaults_and_policy_errors(plugin: PersonaPlexPlugin) -> None:
     config = _prepare(plugin)
     assert config.voice == "NATF2.pt" and config.instructions == DEFAULT_PERSONA
-    assert _prepare(plugin, voice="NATM1.pt", instructions=" Be brief. ").instructions == "Be brief."
+    assert (
+        _prepare(plugin, voice="NATM1.pt", instructions=" Be brief. ").instructions == "Be brief."
+    )
     for bad in ("../NATF2.pt", "voices/NATF2.pt", "NOPE.pt", "NATF2"):
         assert _code(_prepare, plugin, voice=bad) == "invalid_voice"
     assert _code(_prepare, plugin, extra_body={"model_dir": "/etc"}) == "private_option"
@@ -68,7 +72,9 @@ def test_voice_and_persona_are_fixed_after_open(plugin: PersonaPlexPlugin) -> No
     assert update(current, SessionConfig(voice="NATM1.pt")) is current
     assert update(current, SessionConfig(instructions=DEFAULT_PERSONA)) is current
     assert _code(update, current, SessionConfig(voice="NATF2.pt")) == "voice_update_unsupported"
-    assert _code(update, current, SessionConfig(instructions="New.")) == "persona_update_unsupported"
+    assert (
+        _code(update, current, SessionConfig(instructions="New.")) == "persona_update_unsupported"
+    )
     assert _code(update, current, SessionConfig(extra_body={"slot": 1})) == "private_option"
 
 
@@ -115,12 +121,17 @@ def test_text_pieces_hide_pads(plugin: PersonaPlexPlugin) -> None:
     tokenizer = plugin._loaded().tokenizer
     assert text_piece(tokenizer, 0) == "" and text_piece(tokenizer, 3) == ""
     assert text_piece(tokenizer, None) == "" and text_piece(tokenizer, 10**6) == ""
-    word = next(i for i in range(4, tokenizer.get_piece_size())
-                if tokenizer.id_to_piece(i).startswith("\u2581") and len(tokenizer.id_to_piece(i)) > 1)
+    word = next(
+        i
+        for i in range(4, tokenizer.get_piece_size())
+        if tokenizer.id_to_piece(i).startswith("\u2581") and len(tokenizer.id_to_piece(i)) > 1
+    )
     assert text_piece(tokenizer, word) == " " + tokenizer.id_to_piece(word)[1:]
 
 
-def test_model_dir_errors(tmp_path: Path, tiny_checkpoint: Path, tiny_moshi_checkpoint: Path) -> None:
+def test_model_dir_errors(
+    tmp_path: Path, tiny_checkpoint: Path, tiny_moshi_checkpoint: Path
+) -> None:
     def start(model_dir: object, plugin_cls: type = PersonaPlexPlugin, **kwargs: object) -> None:
         _start(plugin_cls(str(model_dir) if model_dir else None, **kwargs))
 
@@ -203,8 +214,12 @@ def test_sessions_keep_their_prompt_when_the_cache_evicts_it(tiny_checkpoint: Pa
 
 
 def test_reference_preset_server_samples_repeatably_by_seed(tiny_checkpoint: Path) -> None:
-    loaded = load_plugin("personaplex", PluginOptions(model_dir=str(tiny_checkpoint), max_sessions=1,
-                                                      extra={"sampling": "reference"}))
+    loaded = load_plugin(
+        "personaplex",
+        PluginOptions(
+            model_dir=str(tiny_checkpoint), max_sessions=1, extra={"sampling": "reference"}
+        ),
+    )
     assert isinstance(loaded, PersonaPlexPlugin)
     _start(loaded)
     frames = speech_like_frames(seed=9, count=6)

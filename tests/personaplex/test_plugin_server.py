@@ -9,9 +9,8 @@ import aiohttp
 import numpy as np
 import pytest
 
-from agent.testing.peer import run_call
 from agent.plugins.personaplex.plugin import PersonaPlexPlugin
-
+from agent.testing.peer import run_call
 from tests.support.agents import AgentFactory, all_freed, wait_until
 
 pytestmark = pytest.mark.model
@@ -32,10 +31,14 @@ async def test_call_gets_model_audio(start_agent: AgentFactory, tiny_checkpoint:
     await wait_until(lambda: all_freed(running))
 
 
-async def test_bad_voice_is_refused_at_offer(start_agent: AgentFactory, tiny_checkpoint: Path) -> None:
+async def test_bad_voice_is_refused_at_offer(
+    start_agent: AgentFactory, tiny_checkpoint: Path
+) -> None:
     running = await start_agent(PersonaPlexPlugin(str(tiny_checkpoint), max_sessions=1))
     await running.agent.start()
-    report, _, _ = await run_call(running.url, seconds=1.0, session={"voice": "../../etc/passwd.pt"})
+    report, _, _ = await run_call(
+        running.url, seconds=1.0, session={"voice": "../../etc/passwd.pt"}
+    )
     assert not report.ok
     assert report.error is not None and "invalid_voice" in report.error
     async with aiohttp.ClientSession() as http:

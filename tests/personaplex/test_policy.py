@@ -31,7 +31,8 @@ def test_persona_default_and_wrap() -> None:
     assert policy.persona_instructions("  Be a pirate. ") == "Be a pirate."
     assert policy.wrap_persona("  Be a pirate.\n") == "<system> Be a pirate. <system>"
     # Already wrapped (as NVIDIA's wrap_with_system_tags): left as it is, only stripped.
-    assert policy.wrap_persona(" <system> Be a pirate. <system> ") == "<system> Be a pirate. <system>"
+    wrapped = "<system> Be a pirate. <system>"
+    assert policy.wrap_persona(f" {wrapped} ") == wrapped
 
 
 def test_persona_too_long_is_refused() -> None:

@@ -58,7 +58,9 @@ def test_snapshot_equals_full_prefill(models: TinyModels) -> None:
                            np.stack([frames[1], frames[0], frames[0]]))
     a_results, b_results = [outputs[1]], [outputs[2]]
     for frame in frames[1:]:
-        _, a, b = stepper.step([bystander, prefilled, from_snapshot], np.stack([frame, frame, frame]))
+        _, a, b = stepper.step(
+            [bystander, prefilled, from_snapshot], np.stack([frame, frame, frame])
+        )
         a_results.append(a)
         b_results.append(b)
     assert _tokens(a_results) == _tokens(b_results)

@@ -6,8 +6,10 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from agent.plugins.personaplex.quantizer import SplitResidualVectorQuantizer, rename_legacy_codebook_keys
-
+from agent.plugins.personaplex.quantizer import (
+    SplitResidualVectorQuantizer,
+    rename_legacy_codebook_keys,
+)
 from tests.support.oracles import require as require_oracle
 
 pytestmark = pytest.mark.model

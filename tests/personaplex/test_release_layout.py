@@ -35,7 +35,9 @@ def split_copy(source: Path, target: Path) -> None:
     save_file(split, str(target))
 
 
-def test_mimi_loads_fused_and_split_attention_names_alike(tiny_checkpoint: Path, tmp_path: Path) -> None:
+def test_mimi_loads_fused_and_split_attention_names_alike(
+    tiny_checkpoint: Path, tmp_path: Path
+) -> None:
     info = lm_config.load_checkpoint_info(tiny_checkpoint)
     fused_path = tiny_checkpoint / writer.MIMI_WEIGHTS_NAME
     assert any(k.endswith(".self_attn.in_proj_weight") for k in load_file(str(fused_path)))
@@ -73,7 +75,9 @@ def _with_config(tiny_checkpoint: Path, tmp_path: Path, **changes: object) -> Pa
     return directory
 
 
-def test_empty_conditioning_builds_the_unconditioned_lm(tiny_checkpoint: Path, tmp_path: Path) -> None:
+def test_empty_conditioning_builds_the_unconditioned_lm(
+    tiny_checkpoint: Path, tmp_path: Path
+) -> None:
     directory = _with_config(tiny_checkpoint, tmp_path, conditioners={}, fuser=None)
     lm = lm_config.load_lm(lm_config.load_checkpoint_info(directory), "cpu", torch.float32)
     plain = lm_config.load_lm(lm_config.load_checkpoint_info(tiny_checkpoint), "cpu", torch.float32)

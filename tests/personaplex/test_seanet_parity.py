@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
-
 from torch.nn import functional as F
 
 from agent.plugins.personaplex.conv import (
@@ -18,7 +17,6 @@ from agent.plugins.personaplex.conv import (
 from agent.plugins.personaplex.mimi_config import STANDARD_SEANET
 from agent.plugins.personaplex.seanet import SEANetDecoder, SEANetEncoder
 from agent.plugins.personaplex.streaming import reset_slots, start_streaming, stop_streaming
-
 from tests.support.oracles import require as require_oracle
 
 pytestmark = pytest.mark.model
@@ -43,11 +41,19 @@ def transfer(reference: torch.nn.Module, ours: torch.nn.Module, tmp_path) -> Non
 
 @pytest.mark.parametrize(
     "kernel,stride,dilation,pad_mode",
-    [(7, 1, 1, "constant"), (3, 1, 2, "constant"), (8, 4, 1, "constant"), (4, 2, 1, "replicate"), (1, 1, 1, "constant")],
+    [
+        (7, 1, 1, "constant"),
+        (3, 1, 2, "constant"),
+        (8, 4, 1, "constant"),
+        (4, 2, 1, "replicate"),
+        (1, 1, 1, "constant"),
+    ],
 )
 def test_conv1d_streams_like_reference(kernel, stride, dilation, pad_mode, tmp_path) -> None:
     torch.manual_seed(0)
-    reference = ref_conv.StreamingConv1d(3, 5, kernel, stride, dilation=dilation, causal=True, pad_mode=pad_mode)
+    reference = ref_conv.StreamingConv1d(
+        3, 5, kernel, stride, dilation=dilation, causal=True, pad_mode=pad_mode
+    )
     ours = StreamingConv1d(3, 5, kernel, stride, dilation=dilation, pad_mode=pad_mode)
     transfer(reference, ours, tmp_path)
     x = torch.randn(2, 3, stride * 24)
@@ -92,7 +98,10 @@ def test_gemm_paths_equal_torch_convs(batch, steps) -> None:
     z = torch.randn(batch, 24, steps)
     for kernel, stride in ((8, 4), (6, 2), (3, 3), (4, 1)):
         tr_weight = torch.randn(24, 40, kernel) / 10
-        assert close(conv_transpose1d_gemm(z, tr_weight, stride), F.conv_transpose1d(z, tr_weight, None, stride))
+        assert close(
+            conv_transpose1d_gemm(z, tr_weight, stride),
+            F.conv_transpose1d(z, tr_weight, None, stride),
+        )
 
 
 def test_conv_rejects_partial_strides() -> None:

@@ -42,7 +42,9 @@ def _run_alone(models: TinyModels, snapshot: dict, frames: np.ndarray) -> list:
 
 
 @pytest.mark.parametrize("bucketed", [False, True], ids=["packed", "bucketed"])
-def test_batch_of_four_equals_each_alone(models: TinyModels, snapshots: dict, bucketed: bool) -> None:
+def test_batch_of_four_equals_each_alone(
+    models: TinyModels, snapshots: dict, bucketed: bool
+) -> None:
     """`bucketed` steps power-of-two prefixes (free slots ride along inactive), the shape
     discipline the CUDA-graph path uses; checked here on CPU."""
     inputs = [speech_like_frames(seed=10 + i, count=FRAMES) for i in range(len(SESSIONS))]
@@ -59,7 +61,7 @@ def test_batch_of_four_equals_each_alone(models: TinyModels, snapshots: dict, bu
         if not live:
             continue
         frames = np.stack([inputs[i][len(batched[i])] for i in live])
-        for i, result in zip(live, stepper.step([handles[i] for i in live], frames)):
+        for i, result in zip(live, stepper.step([handles[i] for i in live], frames), strict=False):
             batched[i].append(result)
 
     for index, (voice, join, leave) in enumerate(SESSIONS):

@@ -13,7 +13,6 @@ from safetensors.torch import load_file
 
 from agent.plugins.personaplex import checkpoint, lm_config, mimi_config
 from agent.plugins.personaplex import tiny_checkpoint as writer
-
 from tests.support.oracles import require as require_oracle
 
 pytestmark = pytest.mark.model

@@ -137,7 +137,8 @@ def test_an_uploaded_recording_is_prefilled_once_per_content(
             SessionConfig(voice_audio=recording, instructions="Hi.")))
         assert uploaded.voice is not None and uploaded.voice.startswith("upload-")
         # The same recording gives the same prompt, whether bundled or uploaded.
-        expected, snapshot = from_folder.options["prompt_snapshot"], uploaded.options["prompt_snapshot"]
+        expected = from_folder.options["prompt_snapshot"]
+        snapshot = uploaded.options["prompt_snapshot"]
         assert all(torch.equal(snapshot[k], expected[k]) for k in expected)
         model = plugin.model
         assert model is not None and model.prompts is not None

@@ -17,7 +17,8 @@ from tests.support.agents import AgentFactory, RunningAgent, all_freed, wait_unt
 from tests.support.realtime import CALLS, RealtimeClient, offer_sdp_once
 
 HEAD = "v=0\r\no=- 1 1 IN IP4 127.0.0.1\r\ns=-\r\nt=0 0\r\n"
-VIDEO_ONLY = HEAD + "m=video 9 UDP/TLS/RTP/SAVPF 96\r\nc=IN IP4 0.0.0.0\r\na=rtpmap:96 VP8/90000\r\n"
+VIDEO_ONLY = (HEAD + "m=video 9 UDP/TLS/RTP/SAVPF 96\r\nc=IN IP4 0.0.0.0\r\n"
+              "a=rtpmap:96 VP8/90000\r\n")
 GARBLED_AUDIO = HEAD + "m=audio 9 UDP/TLS/RTP/SAVPF 111\r\nthis is not sdp\r\n"
 NO_COMMON_CODEC = (
     HEAD + "m=audio 9 UDP/TLS/RTP/SAVPF 100\r\nc=IN IP4 0.0.0.0\r\na=mid:0\r\na=sendrecv\r\n"
@@ -134,8 +135,8 @@ async def test_hostile_http_requests(start_agent: AgentFactory,
         async with http.post(base + CALLS, data=sdp, headers={"Content-Type": SDP}) as created:
             assert created.status == 201
             location, etag = created.headers["Location"], created.headers["ETag"]
-        ufrag = next(l[12:] for l in sdp.splitlines() if l.startswith("a=ice-ufrag:"))
-        mid = next(l[6:] for l in sdp.splitlines() if l.startswith("a=mid:"))
+        ufrag = next(line[12:] for line in sdp.splitlines() if line.startswith("a=ice-ufrag:"))
+        mid = next(line[6:] for line in sdp.splitlines() if line.startswith("a=mid:"))
         cand = "a=candidate:1 1 udp 2130706431 127.0.0.1 9 typ host"
         frag = lambda body: {"data": body, "headers": {"Content-Type": TRICKLE}}  # noqa: E731
         per_call: list[tuple[str, str, str, dict[str, Any], int, str]] = [

@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import pytest
 
-from agent.testing.clock import FakeClock
 from agent.realtime.rate_limit import TokenBucket
+from agent.testing.clock import FakeClock
 
 
 def test_burst_then_refill_at_rate() -> None:

@@ -6,9 +6,8 @@ import asyncio
 
 import aiohttp
 
-from agent.testing.testsignal import measure_echo
 from agent.testing.peer import PEER_RATE
-
+from agent.testing.testsignal import measure_echo
 from tests.support.agents import AgentFactory, all_freed, wait_until
 from tests.support.realtime import CALLS, RealtimeClient
 
@@ -176,6 +175,7 @@ async def test_trickled_candidates_reach_the_agent(
 
 async def test_config_advertises_ice_servers(start_agent: AgentFactory) -> None:
     from aiortc import RTCIceServer
+
     from agent.media_agent import AgentSettings
 
     servers = [RTCIceServer(urls="stun:127.0.0.1:9"),

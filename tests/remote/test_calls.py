@@ -10,12 +10,11 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from agent.media_agent import AgentSettings
-from agent.testing.fake_engines import Behaviour
-from agent.testing.peer import run_call
 from agent.plugins.remote.link import LinkSettings
 from agent.plugins.remote.moshi_server import MoshiServerPlugin
 from agent.plugins.remote.vllm_omni import VllmOmniPlugin
-
+from agent.testing.fake_engines import Behaviour
+from agent.testing.peer import run_call
 from tests.support.agents import AgentFactory, RunningAgent, all_freed, wait_until
 
 from .conftest import StartFake

@@ -12,11 +12,10 @@ import pytest
 from agent.plugins.base import PluginError, SessionConfig
 from agent.plugins.remote.link import LinkSettings
 from agent.plugins.remote.moshi_server import MoshiServerPlugin
-from agent.plugins.remote.pool import UpstreamPool
 from agent.plugins.remote.plugin import RemotePlugin
+from agent.plugins.remote.pool import UpstreamPool
 from agent.plugins.remote.vllm_omni import VllmOmniPlugin
 from agent.testing.fake_engines import Behaviour, FakeServer
-
 from tests.support.agents import wait_until
 
 from .conftest import StartFake

@@ -10,7 +10,6 @@ from agent.plugins.moshi_defaults import DEFAULT_PERSONA, DEFAULT_VOICE
 from agent.plugins.remote.link import LinkSettings
 from agent.plugins.remote.moshi_server import MoshiServerPlugin, visible_text
 from agent.testing.fake_engines import Behaviour
-
 from tests.support.agents import wait_until
 
 from .conftest import StartFake

@@ -9,9 +9,8 @@ import socket
 import aiohttp
 import pytest
 
-from agent.testing.peer import run_call
 from agent.plugins.remote.vllm_omni import VllmOmniPlugin
-
+from agent.testing.peer import run_call
 from tests.support.agents import AgentFactory
 
 from .conftest import StartFake

@@ -16,7 +16,8 @@ from agent.plugins.remote.vllm_omni import upstream_error
 def test_open_refusals_map_to_the_callers_status_without_blaming_the_server(
     code: str, status: int,
 ) -> None:
-    error = upstream_error({"type": "error", "error": {"code": code, "message": "no"}}, opening=True)
+    error = upstream_error({"type": "error", "error": {"code": code, "message": "no"}},
+                           opening=True)
     assert (error.code, error.status, error.pool_effect) == (code, status, None)
 
 

@@ -9,10 +9,10 @@ from typing import Any
 import aiohttp
 import pytest
 
-from tests.support.realtime import CALLS, RealtimeClient, offer_sdp_once
 from signaling.__main__ import build_parser
 from signaling.auth import AuthSettings, settings_from_args
 from tests.support.agents import AgentFactory, RunningAgent, all_freed, wait_until
+from tests.support.realtime import CALLS, RealtimeClient, offer_sdp_once
 
 KEY = "sk-test-0123456789"
 OTHER_KEY = "sk-other-9876543210"

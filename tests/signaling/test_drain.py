@@ -14,7 +14,6 @@ from agent.media_agent import AgentSettings
 from agent.testing.peer import run_call
 from signaling.auth import AuthSettings
 from signaling.drain import DRAIN_KEY
-
 from tests.support.agents import AgentFactory, wait_until
 from tests.support.server_process import running_server, start_peer
 
@@ -149,7 +148,7 @@ async def test_drain_deadline_stops_a_telephony_leg_cleanly(start_agent: AgentFa
     loop = asyncio.get_running_loop()
     caller, _ = await loop.create_datagram_endpoint(asyncio.DatagramProtocol,
                                                     local_addr=("127.0.0.1", 0))
-    remote = "127.0.0.1:%d" % caller.get_extra_info("sockname")[1]
+    remote = f"127.0.0.1:{caller.get_extra_info('sockname')[1]:d}"
     try:
         async with aiohttp.ClientSession() as http:
             async with http.post(running.url + "/v1/telephony/rtp",

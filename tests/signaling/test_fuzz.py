@@ -21,17 +21,17 @@ from typing import Any
 
 import pytest
 from aiohttp import web
+from aiortc.rtp import RtpPacket
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from agent.errors import AgentError
-from agent.realtime.events import parse_client_event
 from agent.media_agent import AgentSettings, MediaAgent
 from agent.plugins.echo import EchoPlugin
+from agent.realtime.events import parse_client_event
 from agent.telephony.media_stream import parse_message
 from agent.telephony.rtp_jitter import JitterBuffer
 from agent.telephony.telephone_event import TelephoneEventDetector
-from aiortc.rtp import RtpPacket
 from signaling.app import create_app
 
 FUZZ = settings(max_examples=60, deadline=None, derandomize=True,
@@ -48,7 +48,8 @@ OFFER_LINES = [
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=40),
-    lambda inner: st.lists(inner, max_size=5) | st.dictionaries(st.text(max_size=12), inner, max_size=5),
+    lambda inner: (st.lists(inner, max_size=5)
+                   | st.dictionaries(st.text(max_size=12), inner, max_size=5)),
     max_leaves=25,
 )
 sdp_texts = st.one_of(

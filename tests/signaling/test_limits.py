@@ -12,9 +12,9 @@ from agent.call_settings import CallSettings
 from agent.media_agent import AgentSettings
 from agent.testing.peer import PEER_RATE
 from agent.testing.testsignal import measure_echo
-from tests.support.realtime import CALLS, RealtimeClient, offer_sdp_once
 from signaling.auth import AuthSettings
 from tests.support.agents import AgentFactory, RunningAgent, all_freed, wait_until
+from tests.support.realtime import CALLS, RealtimeClient, offer_sdp_once
 
 KEY = "sk-limits"
 
@@ -57,7 +57,7 @@ async def test_full_server_refuses_with_retry_after_while_calls_keep_real_time(
         assert len(running.agent.webrtc_legs) == 2
         await asyncio.sleep(2.0)
         window = time.monotonic() - window_start
-        for client, start in zip(admitted, before):
+        for client, start in zip(admitted, before, strict=True):
             # Real time: audio kept arriving at the rate it was sent, and it is the echo.
             assert client.received_seconds - start > 0.7 * window
             echo = measure_echo(client.signal[: client.source.position],

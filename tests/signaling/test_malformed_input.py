@@ -9,11 +9,11 @@ import aiohttp
 import pytest
 from aiortc import RTCPeerConnection, RTCSessionDescription
 
+from agent.errors import AgentError
 from agent.realtime import client_json
 from agent.realtime.events import parse_client_event
-from agent.errors import AgentError
-from agent.webrtc.sdp import with_explicit_directions
 from agent.telephony.media_stream import ProtocolError, parse_message
+from agent.webrtc.sdp import with_explicit_directions
 from tests.support.agents import RunningAgent, all_freed, wait_until
 
 JSON_ROUTES = ["/offer", "/v1/telephony/rtp", "/v1/realtime/client_secrets"]

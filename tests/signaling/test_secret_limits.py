@@ -7,10 +7,10 @@ import asyncio
 
 import aiohttp
 
-from tests.support.realtime import CALLS, offer_sdp_once
 from signaling.__main__ import build_parser
 from signaling.auth import AuthSettings, settings_from_args
 from tests.support.agents import AgentFactory, RunningAgent, all_freed, wait_until
+from tests.support.realtime import CALLS, offer_sdp_once
 
 KEY, OTHER = "sk-limits-1", "sk-limits-2"
 SECRETS = "/v1/realtime/client_secrets"

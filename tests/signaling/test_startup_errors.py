@@ -11,7 +11,6 @@ import pytest
 import torch
 
 from agent.plugins.personaplex.tiny_checkpoint import write_checkpoint
-
 from tests.support.server_process import free_tcp_port
 
 ROOT = Path(__file__).resolve().parents[2]

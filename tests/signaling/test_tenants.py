@@ -44,7 +44,8 @@ async def test_rtp_legs_and_call_lists_are_per_tenant(start_agent: AgentFactory)
     await wait_until(lambda: not running.agent.telephony_legs)
 
 
-async def test_an_operator_sees_webrtc_calls_a_tenant_sees_its_own(start_agent: AgentFactory) -> None:
+async def test_an_operator_sees_webrtc_calls_a_tenant_sees_its_own(
+        start_agent: AgentFactory) -> None:
     running = await start_agent(auth=AuthSettings(api_keys=(ALICE, BOB), admin_keys=(OPERATOR,)))
     seen: dict[str, int] = {}
 
@@ -52,7 +53,8 @@ async def test_an_operator_sees_webrtc_calls_a_tenant_sees_its_own(start_agent: 
         await wait_until(lambda: len(running.agent.webrtc_legs) == 1)
         async with aiohttp.ClientSession() as http:
             for who in (ALICE, BOB, OPERATOR):
-                async with http.get(running.url + "/metrics/calls", headers=bearer(who)) as response:
+                async with http.get(running.url + "/metrics/calls",
+                                    headers=bearer(who)) as response:
                     seen[who] = len((await response.json())["calls"])
 
     checker = asyncio.ensure_future(count_during_call())

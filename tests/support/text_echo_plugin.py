@@ -73,7 +73,7 @@ class TextEchoPlugin(EchoPlugin):
 
     def step(self, batch: Sequence[tuple[PluginSession, np.ndarray]]) -> list[StepOutput]:
         outputs = super().step(batch)
-        for (session, _), output in zip(batch, outputs):
+        for (session, _), output in zip(batch, outputs, strict=False):
             assert isinstance(session, TextEchoSession)
             session.frame_count += 1
             if session.frame_count % self.frames_per_word == 0:

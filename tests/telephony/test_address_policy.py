@@ -7,7 +7,10 @@ import ipaddress
 import pytest
 
 from agent.telephony.address_policy import (
-    DEFAULT_ALLOWED_NETWORKS, never_allowed_kind, parse_networks, refusal_for,
+    DEFAULT_ALLOWED_NETWORKS,
+    never_allowed_kind,
+    parse_networks,
+    refusal_for,
 )
 
 

@@ -8,8 +8,8 @@ from aiortc import RTCConfiguration, RTCPeerConnection, RTCRtpSender, RTCSession
 from aiortc.mediastreams import AudioStreamTrack
 
 from agent.media_agent import AgentSettings
-from agent.testing.peer import run_call
 from agent.rtc_tuning import parse_codec_list
+from agent.testing.peer import run_call
 from signaling.__main__ import build_parser, settings_from_args
 from tests.support.agents import AgentFactory, RunningAgent
 

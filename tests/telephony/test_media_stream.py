@@ -209,7 +209,7 @@ class BurstPlugin(EchoPlugin):
 
     def step(self, batch: Sequence[tuple[PluginSession, np.ndarray]]) -> list[StepOutput]:
         outputs = super().step(batch)
-        for (session, _), output in zip(batch, outputs):
+        for (session, _), output in zip(batch, outputs, strict=False):
             if not getattr(session, "burst_done", False):
                 session.burst_done = True  # type: ignore[attr-defined]
                 t = np.arange(int(self.BURST_SECONDS * 24000)) / 24000
@@ -276,7 +276,8 @@ async def test_start_parameters_are_validated_by_the_plugin(echo_agent: RunningA
         await bridge.finished()
         assert bridge.socket.close_code == 1008
     assert [e["error"]["code"] for e in bridge.errors] == ["invalid_option"]
-    await wait_until(lambda: not echo_agent.agent.telephony_legs and not echo_agent.agent.ticker.slots)
+    await wait_until(lambda: not echo_agent.agent.telephony_legs
+                     and not echo_agent.agent.ticker.slots)
 
 
 async def test_extra_body_parameter_reaches_the_plugin(echo_agent: RunningAgent) -> None:
@@ -363,7 +364,8 @@ async def test_closed_socket_and_shutdown_end_sessions(start_agent: AgentFactory
         await wait_until(lambda: any(s.slot for s in running.agent.telephony_legs.values()))
         (session,) = running.agent.telephony_legs.values()
         await bridge.socket.close()
-        await wait_until(lambda: not running.agent.telephony_legs and not running.agent.ticker.slots)
+        await wait_until(lambda: not running.agent.telephony_legs
+                         and not running.agent.ticker.slots)
         assert session.end_reason == "socket_closed"
 
         bridge = await connect(http, running)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from agent.telephony.rtp_jitter import Concealer, JitterBuffer, InboundTicks
+from agent.telephony.rtp_jitter import Concealer, InboundTicks, JitterBuffer
 
 
 def _play_all(buffer: JitterBuffer, ticks: int) -> list[bytes | None]:

@@ -1,7 +1,10 @@
 from __future__ import annotations
 
 from agent.telephony.telephone_event import (
-    TelephoneEvent, TelephoneEventDetector, parse_telephone_event, telephone_event_payload,
+    TelephoneEvent,
+    TelephoneEventDetector,
+    parse_telephone_event,
+    telephone_event_payload,
 )
 
 

@@ -35,7 +35,6 @@ from signaling import page as page_module
 from signaling.__main__ import build_parser
 from signaling.app import create_app
 from signaling.auth import AuthSettings
-
 from tests.support import SPEECH_WAV
 from tests.support.agents import AgentFactory, RunningAgent, all_freed, wait_until
 from tests.support.text_echo_plugin import TextEchoPlugin

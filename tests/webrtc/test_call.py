@@ -10,11 +10,10 @@ from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 
 from agent.call_settings import CallSettings
 from agent.media_agent import AgentSettings
-from agent.testing.peer import PreencodedSignalTrack, SignalTrack, run_call
 from agent.plugins.base import PluginSession
 from agent.plugins.echo import EchoPlugin
+from agent.testing.peer import PreencodedSignalTrack, SignalTrack, run_call
 from agent.testing.testsignal import make_test_signal
-
 from tests.support.agents import AgentFactory, RunningAgent, all_freed, wait_until
 
 

@@ -12,12 +12,14 @@ from signaling.auth import AuthSettings
 from tests.support.agents import AgentFactory, RunningAgent, all_freed, wait_until
 
 AUDIO_OFFER_HEAD = "v=0\r\no=- 1 1 IN IP4 127.0.0.1\r\ns=-\r\nt=0 0\r\n"
-VIDEO_ONLY = AUDIO_OFFER_HEAD + "m=video 9 UDP/TLS/RTP/SAVPF 96\r\nc=IN IP4 0.0.0.0\r\na=rtpmap:96 VP8/90000\r\n"
+VIDEO_ONLY = (AUDIO_OFFER_HEAD + "m=video 9 UDP/TLS/RTP/SAVPF 96\r\nc=IN IP4 0.0.0.0\r\n"
+              "a=rtpmap:96 VP8/90000\r\n")
 GARBLED_AUDIO = AUDIO_OFFER_HEAD + "m=audio 9 UDP/TLS/RTP/SAVPF 111\r\nthis is not sdp\r\n"
 NO_COMMON_CODEC = (
     AUDIO_OFFER_HEAD
     + "m=audio 9 UDP/TLS/RTP/SAVPF 100\r\nc=IN IP4 0.0.0.0\r\na=mid:0\r\na=sendrecv\r\n"
-    "a=rtcp-mux\r\na=rtpmap:100 SILK/16000\r\na=ice-ufrag:abcd\r\na=ice-pwd:abcdefghijklmnopqrstuvwx\r\n"
+    "a=rtcp-mux\r\na=rtpmap:100 SILK/16000\r\n"
+    "a=ice-ufrag:abcd\r\na=ice-pwd:abcdefghijklmnopqrstuvwx\r\n"
     "a=fingerprint:sha-256 " + ":".join(["AA"] * 32) + "\r\na=setup:actpass\r\n"
 )
 

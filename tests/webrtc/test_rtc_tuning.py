@@ -3,18 +3,16 @@
 from __future__ import annotations
 
 import asyncio
-
 from typing import Any
 
 import aiohttp
 import pytest
 from aiortc import RTCConfiguration, RTCPeerConnection, RTCRtpSender, RTCSessionDescription
-from aiortc.rtp import RtpPacket
 from aiortc.rtcdtlstransport import SRTP_AES128_CM_SHA1_80, RTCCertificate, generate_certificate
+from aiortc.rtp import RtpPacket
 from cryptography.hazmat.primitives.asymmetric import rsa
 from OpenSSL import SSL
 
-from agent.testing.peer import SignalTrack, post_offer
 from agent.rtc_tuning import (
     ImmediateAudioJitterBuffer,
     accept_rsa_dtls_peers,
@@ -24,6 +22,7 @@ from agent.rtc_tuning import (
     negotiated_codecs,
     restrict_codecs,
 )
+from agent.testing.peer import SignalTrack, post_offer
 from agent.testing.testsignal import make_test_signal
 from tests.support.agents import AgentFactory, all_freed, wait_until
 
@@ -76,7 +75,8 @@ async def test_caller_with_rsa_certificate_connects(start_agent: AgentFactory) -
         )
         for task in done:
             task.result()
-        assert connected.is_set(), f"DTLS with an RSA peer did not connect: {caller.connectionState}"
+        assert connected.is_set(), (
+            f"DTLS with an RSA peer did not connect: {caller.connectionState}")
     finally:
         await caller.close()
     await wait_until(lambda: all_freed(running), timeout=15)
@@ -96,7 +96,8 @@ def _packet(sequence: int) -> RtpPacket:
 def test_immediate_jitter_buffer_releases_in_order_and_drops_late_packets() -> None:
     buffer = ImmediateAudioJitterBuffer()
     released = []
-    for sequence in (65534, 65535, 0, 65535, 2, 1, 3):  # a duplicate and a late one, across the wrap
+    # a duplicate and a late one, across the wrap
+    for sequence in (65534, 65535, 0, 65535, 2, 1, 3):
         _, frame = buffer.add(_packet(sequence))
         if frame is not None:
             released.append(frame.timestamp // 960)
@@ -141,7 +142,8 @@ async def test_inline_decoding_and_codec_restriction_on_a_real_call() -> None:
     try:
         await answerer.setRemoteDescription(caller.localDescription)
         transceiver = answerer.getTransceivers()[0]
-        assert [c.mimeType for c in negotiated_codecs(transceiver)][:2] == ["audio/opus", "audio/PCMU"]
+        assert ([c.mimeType for c in negotiated_codecs(transceiver)][:2]
+                == ["audio/opus", "audio/PCMU"])
         assert restrict_codecs(transceiver, ["PCMU", "opus"]) == ["PCMU"]
         assert decode_audio_inline(transceiver.receiver) is not None
 
@@ -165,14 +167,15 @@ def test_codec_restriction_falls_back_to_aiortc_when_its_codec_list_is_gone() ->
 def test_mono_opus_decoding_is_the_mean_of_aiortcs_stereo_decoding() -> None:
     """A mono plugin gets Opus decoded to one channel by libopus: the same samples as the
     mean of the two channels aiortc's decoder gives (a voice in stereo keeps its level)."""
+    from fractions import Fraction
+
+    import av
     import numpy as np
     from aiortc.codecs import get_decoder
     from aiortc.codecs.opus import OpusEncoder
     from aiortc.jitterbuffer import JitterFrame
     from aiortc.rtcrtpparameters import RTCRtpCodecParameters
-    from fractions import Fraction
 
-    import av
     from agent.rtc_tuning import MonoOpusDecoder
 
     rate = 48000

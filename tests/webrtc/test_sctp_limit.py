@@ -5,6 +5,7 @@ the call and its channel go on. Real aiortc peers over loopback."""
 from __future__ import annotations
 
 import json
+
 import pytest
 from aiortc.rtcsctptransport import DataChunk, RTCSctpTransport
 

@@ -285,6 +285,7 @@ def test_a_worker_stopped_while_still_starting_counts_as_drained(tmp_path: Path)
     default action; that worker had no calls yet, so the supervisor still exits 0."""
     import sys
     import threading
+
     from signaling.workers.supervisor import Supervisor
 
     class StartingWorkers(Supervisor):
@@ -343,7 +344,8 @@ async def test_workers_serve_tls_and_forward_among_themselves(tmp_path: Path) ->
                         assert response.status == 200
                         assert (await response.json())["id"] == call.call_id
                     async with http.get(url + "/health", ssl=trusted) as response:
-                        landed.add(tuple(w["active_calls"] for w in (await response.json())["workers"]))
+                        workers = (await response.json())["workers"]
+                        landed.add(tuple(w["active_calls"] for w in workers))
             assert landed == {(0, 1)}
             async with aiohttp.ClientSession() as http:
                 async with http.delete(url + call.location, ssl=trusted) as response:
@@ -361,7 +363,7 @@ async def test_a_media_stream_on_a_full_worker_is_relayed_to_one_with_room(
         socket = await open_media_stream(group.via(0), 1)
         sid = "MZ1"
         heard = MediaHeard(socket)
-        for chunk in range(75):  # 1.5 s in real time
+        for _ in range(75):  # 1.5 s in real time
             await socket.send_str(json.dumps({"event": "media", "streamSid": sid,
                                               "media": {"payload": TONE_PAYLOAD}}))
             await asyncio.sleep(0.02)
@@ -385,6 +387,7 @@ async def test_a_media_stream_on_a_full_worker_is_relayed_to_one_with_room(
 def test_a_signal_that_comes_while_a_worker_is_being_started_reaches_it(
         tmp_path: Path) -> None:
     import sys
+
     from signaling.workers.supervisor import Supervisor
 
     class SignalledDuringSpawn(Supervisor):
@@ -421,7 +424,9 @@ async def test_nice_applies_to_every_worker(tmp_path: Path) -> None:
 
 def _tone_payload() -> str:
     import base64
+
     import numpy as np
+
     from agent.telephony.g711 import mulaw_encode
     tone = (np.sin(2 * np.pi * 440 * np.arange(160) / 8000) * 8000).astype(np.int16)
     return base64.b64encode(mulaw_encode(tone)).decode()
@@ -475,6 +480,7 @@ async def media_streams_handed_over(workers: Workers, key: str) -> None:
     credential checked there (in the header or the URL)."""
     import json
     import socket as sockets_module
+
     from signaling.workers.handoff import handoff_socket_path
     from signaling.workers.load import MARGIN
 

@@ -43,7 +43,9 @@ def _gemm_wins(rows: int, weight: torch.Tensor) -> bool:
     return rows <= GEMM_MAX_ROWS or weight.numel() >= GEMM_BIG_WEIGHT
 
 
-def conv1d_gemm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, stride: int) -> torch.Tensor:
+def conv1d_gemm(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, stride: int
+) -> torch.Tensor:
     """F.conv1d (no padding, dilation 1, groups 1) as unfold + one matrix multiply."""
     batch, in_channels, _ = x.shape
     out_channels, _, kernel = weight.shape
@@ -61,8 +63,14 @@ def conv_transpose1d_gemm(x: torch.Tensor, weight: torch.Tensor, stride: int) ->
     batch, in_channels, steps = x.shape
     _, out_channels, kernel = weight.shape
     blocks = kernel // stride
-    z = x.transpose(1, 2).reshape(batch * steps, in_channels).mm(weight.view(in_channels, out_channels * kernel))
-    z = z.view(batch, steps, out_channels, blocks, stride).permute(0, 2, 3, 1, 4)  # [B, Cout, blocks, steps, S]
+    z = (
+        x.transpose(1, 2)
+        .reshape(batch * steps, in_channels)
+        .mm(weight.view(in_channels, out_channels * kernel))
+    )
+    z = z.view(batch, steps, out_channels, blocks, stride).permute(
+        0, 2, 3, 1, 4
+    )  # [B, Cout, blocks, steps, S]
     y = x.new_zeros(batch, out_channels, steps + blocks - 1, stride)
     for block in range(blocks):
         y[:, :, block : block + steps] += z[:, :, block]
@@ -143,7 +151,8 @@ class StreamingConv1d(StreamingModule):
         length = x.shape[-1]
         if length == 0 or length % self.stride != 0:
             raise ValueError(
-                f"conv input length {length} must be a positive multiple of the stride {self.stride}"
+                f"conv input length {length} must be a positive multiple of the stride "
+                f"{self.stride}"
             )
         if self.history == 0:
             return self._conv(x)
@@ -181,7 +190,9 @@ class StreamingConvTranspose1d(StreamingModule):
     ) -> None:
         super().__init__()
         self.convtr = ConvTrHolder(
-            nn.ConvTranspose1d(in_channels, out_channels, kernel_size, stride, groups=groups, bias=bias)
+            nn.ConvTranspose1d(
+                in_channels, out_channels, kernel_size, stride, groups=groups, bias=bias
+            )
         )
         self.out_channels = out_channels
         self.stride = stride
@@ -193,7 +204,11 @@ class StreamingConvTranspose1d(StreamingModule):
         weight = self.convtr.convtr.weight
         return {
             "partial": torch.zeros(
-                batch_size, self.out_channels, self.overhang, dtype=weight.dtype, device=weight.device
+                batch_size,
+                self.out_channels,
+                self.overhang,
+                dtype=weight.dtype,
+                device=weight.device,
             )
         }
 
@@ -245,7 +260,9 @@ def fold_weight_norm(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Ten
     return out
 
 
-def extra_padding_for_conv1d(length: int, kernel_size: int, stride: int, padding_total: int = 0) -> int:
+def extra_padding_for_conv1d(
+    length: int, kernel_size: int, stride: int, padding_total: int = 0
+) -> int:
     """Right padding so the last window of a strided conv is complete (offline encode)."""
     n_frames = (length - kernel_size + padding_total) / stride + 1
     ideal_length = (math.ceil(n_frames) - 1) * stride + (kernel_size - padding_total)

@@ -48,7 +48,9 @@ class ScaledEmbedding(nn.Embedding):
     ) -> None:
         super().__init__(num_embeddings, low_rank or embedding_dim)
         self.norm = make_norm("layer_norm", self.embedding_dim) if norm else None
-        self.low_rank = nn.Linear(low_rank, embedding_dim, bias=False) if low_rank is not None else None
+        self.low_rank = (
+            nn.Linear(low_rank, embedding_dim, bias=False) if low_rank is not None else None
+        )
         self.demux_second_stream = demux_second_stream
         if demux_second_stream:
             if norm:
@@ -124,7 +126,10 @@ class LMModel(nn.Module):
             raise ValueError(f"expected {n_q + 1} delays, got {len(delays)}")
         if dep_q < 1:
             raise ValueError("a depformer (dep_q >= 1) is required")
-        if depformer_weights_per_step_schedule is not None and len(depformer_weights_per_step_schedule) != dep_q:
+        if (
+            depformer_weights_per_step_schedule is not None
+            and len(depformer_weights_per_step_schedule) != dep_q
+        ):
             raise ValueError("depformer_weights_per_step_schedule must have dep_q entries")
         self.n_q = n_q
         self.dep_q = dep_q
@@ -139,8 +144,12 @@ class LMModel(nn.Module):
         self.depformer_weights_per_step_schedule = depformer_weights_per_step_schedule
 
         self.emb = nn.ModuleList(ScaledEmbedding(card + 1, dim, norm=norm_emb) for _ in range(n_q))
-        self.text_emb = ScaledEmbedding(text_card + 1, dim, norm=norm_emb, demux_second_stream=demux_second_text_stream)
-        self.text_linear = nn.Linear(dim, text_card if text_card_out is None else text_card_out, bias=bias_proj)
+        self.text_emb = ScaledEmbedding(
+            text_card + 1, dim, norm=norm_emb, demux_second_stream=demux_second_text_stream
+        )
+        self.text_linear = nn.Linear(
+            dim, text_card if text_card_out is None else text_card_out, bias=bias_proj
+        )
 
         prefix = "depformer_"
         main_kwargs = {k: v for k, v in kwargs.items() if not k.startswith(prefix)}
@@ -157,7 +166,9 @@ class LMModel(nn.Module):
         self.out_norm = make_norm(norm, dim)
 
         dep_kwargs = dict(main_kwargs)
-        dep_kwargs.update({k.removeprefix(prefix): v for k, v in kwargs.items() if k.startswith(prefix)})
+        dep_kwargs.update(
+            {k.removeprefix(prefix): v for k, v in kwargs.items() if k.startswith(prefix)}
+        )
         dep_kwargs["positional_embedding"] = depformer_pos_emb
         dep_kwargs["context"] = None  # the depformer only ever sees the codebooks of one frame
         dep_kwargs.pop("cross_attention", None)
@@ -165,11 +176,19 @@ class LMModel(nn.Module):
             dep_kwargs["weights_per_step"] = dep_q
         num_in = 1
         if depformer_multi_linear:
-            num_in = max(depformer_weights_per_step_schedule) + 1 if depformer_weights_per_step_schedule else dep_q
-        self.depformer_in = nn.ModuleList(nn.Linear(dim, depformer_dim, bias=False) for _ in range(num_in))
+            num_in = (
+                max(depformer_weights_per_step_schedule) + 1
+                if depformer_weights_per_step_schedule
+                else dep_q
+            )
+        self.depformer_in = nn.ModuleList(
+            nn.Linear(dim, depformer_dim, bias=False) for _ in range(num_in)
+        )
         # The last codebook is never a depformer input, hence dep_q - 1 embeddings.
         self.depformer_emb = nn.ModuleList(
-            ScaledEmbedding(card + 1, depformer_dim, norm=norm_emb, low_rank=depformer_low_rank_embeddings)
+            ScaledEmbedding(
+                card + 1, depformer_dim, norm=norm_emb, low_rank=depformer_low_rank_embeddings
+            )
             for _ in range(dep_q - 1)
         )
         self.depformer_text_emb = ScaledEmbedding(
@@ -180,7 +199,8 @@ class LMModel(nn.Module):
             demux_second_stream=demux_second_text_stream,
         )
         self.depformer_norms = nn.ModuleList(
-            nn.Identity() if depformer_norm is None else make_norm(depformer_norm, depformer_dim) for _ in range(dep_q)
+            nn.Identity() if depformer_norm is None else make_norm(depformer_norm, depformer_dim)
+            for _ in range(dep_q)
         )
         if depformer_dim_feedforward is None:
             depformer_dim_feedforward = int(hidden_scale * depformer_dim)
@@ -196,7 +216,9 @@ class LMModel(nn.Module):
         self.extra_heads = nn.ModuleList(
             nn.Linear(dim, extra_heads_dim, bias=False) for _ in range(extra_heads_num_heads)
         )
-        self.linears = nn.ModuleList(nn.Linear(depformer_dim, card, bias=bias_proj) for _ in range(dep_q))
+        self.linears = nn.ModuleList(
+            nn.Linear(depformer_dim, card, bias=bias_proj) for _ in range(dep_q)
+        )
         if device is not None or dtype is not None:
             self.to(device=device, dtype=dtype)
 
@@ -238,7 +260,9 @@ class LMModel(nn.Module):
 
     def initial_tokens(self) -> torch.Tensor:
         """[K] the "nothing yet" token of each row."""
-        tokens = torch.full((self.num_codebooks,), self.initial_token_id, dtype=torch.long, device=self.device)
+        tokens = torch.full(
+            (self.num_codebooks,), self.initial_token_id, dtype=torch.long, device=self.device
+        )
         tokens[0] = self.text_initial_token_id
         return tokens
 
@@ -255,11 +279,14 @@ class LMModel(nn.Module):
     def forward_embeddings(
         self, embeddings: torch.Tensor, active: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """[B, 1, dim] -> (normed transformer output [B, 1, dim], text logits [B, text_card_out])."""
+        """[B, 1, dim] -> (normed transformer output [B, 1, dim], text logits
+        [B, text_card_out])."""
         out = self.out_norm(self.transformer(embeddings, active=active))
         return out, self.text_linear(out)[:, 0]
 
-    def depformer_logits(self, step: int, prev_token: torch.Tensor, transformer_out: torch.Tensor) -> torch.Tensor:
+    def depformer_logits(
+        self, step: int, prev_token: torch.Tensor, transformer_out: torch.Tensor
+    ) -> torch.Tensor:
         """Logits [B, card] of depformer codebook `step`, given the previous token [B]
         (the text token for step 0). Steps must run 0, 1, 2, ... within a frame."""
         if self.depformer.state is None:
@@ -272,6 +299,8 @@ class LMModel(nn.Module):
             in_index = schedule[step] if schedule is not None else step
         x = self.depformer_in[in_index](transformer_out)
         token = prev_token[:, None]
-        x = x + (self.depformer_text_emb(token) if step == 0 else self.depformer_emb[step - 1](token))
+        x = x + (
+            self.depformer_text_emb(token) if step == 0 else self.depformer_emb[step - 1](token)
+        )
         y = self.depformer(x, weights_step=step)
         return self.linears[step](self.depformer_norms[step](y))[:, 0]

@@ -107,11 +107,15 @@ def _local_name(value: Any, key: str) -> str:
     if not isinstance(value, str) or not value:
         raise ValueError(f"config.json: {key} must be a file name")
     if value.startswith("hf://"):
-        raise ValueError(f"config.json: {key}={value!r} points to the hub; only local files are loaded")
+        raise ValueError(
+            f"config.json: {key}={value!r} points to the hub; only local files are loaded"
+        )
     name = value.removeprefix("file://")
     path = Path(name)
     if path.is_absolute() or ".." in path.parts:
-        raise ValueError(f"config.json: {key}={value!r} must be a file inside the checkpoint directory")
+        raise ValueError(
+            f"config.json: {key}={value!r} must be a file inside the checkpoint directory"
+        )
     return name
 
 
@@ -141,7 +145,9 @@ def load_checkpoint_info(model_dir: str | Path) -> CheckpointInfo:
     moshi_name = _local_name(lm_kwargs.pop("moshi_name", DEFAULT_MOSHI_NAME), "moshi_name")
     mimi_name = _local_name(lm_kwargs.pop("mimi_name", DEFAULT_MIMI_NAME), "mimi_name")
     mimi_config_name = lm_kwargs.pop("mimi_config_name", None)
-    tokenizer_name = _local_name(lm_kwargs.pop("tokenizer_name", DEFAULT_TOKENIZER_NAME), "tokenizer_name")
+    tokenizer_name = _local_name(
+        lm_kwargs.pop("tokenizer_name", DEFAULT_TOKENIZER_NAME), "tokenizer_name"
+    )
     lora_name = lm_kwargs.pop("lora_name", None)
     model_type = lm_kwargs.pop("model_type", "moshi")
     lm_gen_config = lm_kwargs.pop("lm_gen_config", {})
@@ -153,7 +159,9 @@ def load_checkpoint_info(model_dir: str | Path) -> CheckpointInfo:
         try:
             mimi_config = json.loads(mimi_config_path.read_text())
         except FileNotFoundError:
-            raise FileNotFoundError(f"{mimi_config_path} (mimi_config_name in config.json) is missing") from None
+            raise FileNotFoundError(
+                f"{mimi_config_path} (mimi_config_name in config.json) is missing"
+            ) from None
         except json.JSONDecodeError as exc:
             raise ValueError(f"{mimi_config_path} is not valid JSON: {exc}") from exc
     return CheckpointInfo(
@@ -189,16 +197,22 @@ def lm_constructor_kwargs(info: CheckpointInfo) -> dict[str, Any]:
     return kwargs
 
 
-def build_lm(info: CheckpointInfo, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32) -> LMModel:
+def build_lm(
+    info: CheckpointInfo, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32
+) -> LMModel:
     """An LMModel with this checkpoint's architecture and random weights."""
     try:
         model = LMModel(**lm_constructor_kwargs(info))
     except TypeError as exc:
-        raise ValueError(f"config.json has LM options this implementation does not know: {exc}") from exc
+        raise ValueError(
+            f"config.json has LM options this implementation does not know: {exc}"
+        ) from exc
     return model.to(device=device, dtype=dtype).eval()
 
 
-def load_lm(info: CheckpointInfo, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32) -> LMModel:
+def load_lm(
+    info: CheckpointInfo, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32
+) -> LMModel:
     """Build the LM on the meta device and assign the safetensors weights, read straight to
     `device` and cast to `dtype` (checkpoints are usually stored in bf16)."""
     path = info.moshi_path
@@ -220,14 +234,23 @@ def load_lm(info: CheckpointInfo, device: torch.device | str = "cpu", dtype: tor
     return model.eval()
 
 
-def fill_missing_depformer_steps(state: dict[str, torch.Tensor], expected: dict[str, torch.Size]) -> None:
+def fill_missing_depformer_steps(
+    state: dict[str, torch.Tensor], expected: dict[str, torch.Size]
+) -> None:
     """PersonaPlex may ship depformer weights for the first 8 codebook steps only; its
     loader fills steps 8-15 from steps 0-7 (and leaves the embedding of agent codebook 7,
     an input of step 8 only, uninitialised). We do the same, with zeros for that embedding.
     Steps 8-15 predict user codebooks, which LMStepper never generates."""
     split_fused_attention(state, expected)
     # group -> how a key's index maps to its depformer step (depformer_emb[i] feeds step i + 1)
-    groups = {"gating": 0, "linears": 0, "depformer_in": 0, "depformer_emb": 1, "in_projs": 0, "out_projs": 0}
+    groups = {
+        "gating": 0,
+        "linears": 0,
+        "depformer_in": 0,
+        "depformer_emb": 1,
+        "in_projs": 0,
+        "out_projs": 0,
+    }
     reference = next(iter(state.values()), None)
     for key in sorted(expected.keys() - state.keys()):
         for group, step_shift in groups.items():
@@ -242,7 +265,9 @@ def fill_missing_depformer_steps(state: dict[str, torch.Tensor], expected: dict[
             if int(index_text) >= 8 and source in state:
                 state[key] = state[source]
             elif reference is not None and group == "depformer_emb":
-                state[key] = torch.zeros(expected[key], dtype=reference.dtype, device=reference.device)
+                state[key] = torch.zeros(
+                    expected[key], dtype=reference.dtype, device=reference.device
+                )
             break
 
 
@@ -257,7 +282,9 @@ class LMMemoryEstimate:
         return self.weight_bytes + slots * self.state_bytes_per_slot
 
 
-def estimate_lm_memory(info: CheckpointInfo, dtype: torch.dtype = torch.bfloat16) -> LMMemoryEstimate:
+def estimate_lm_memory(
+    info: CheckpointInfo, dtype: torch.dtype = torch.bfloat16
+) -> LMMemoryEstimate:
     """Exact sizes from a weightless (meta device) build: parameters in `dtype`, and every
     streaming tensor of one slot (KV caches of `context` frames, token ring, positions)."""
     from agent.plugins.personaplex import streaming

@@ -14,16 +14,46 @@ captured at any time, even with live sessions, without copying any KV cache.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Protocol
+
 import torch
 
-from agent.plugins.personaplex.lm_stepper import NOT_FORCED, LMStepOutput, LMStepper
+from agent.plugins.personaplex.lm_stepper import NOT_FORCED, LMStepOutput
 from agent.plugins.personaplex.sampling import SamplingConfig
+
+if TYPE_CHECKING:
+    from agent.plugins.personaplex.lm import LMModel
+
+
+class Stepping(Protocol):
+    """What GraphedLMStep uses of its `LMStepper` (or of stepper.py's prefix-width adapter)."""
+
+    @property
+    def lm(self) -> LMModel: ...
+    @property
+    def batch_size(self) -> int: ...
+    @property
+    def n_user(self) -> int: ...
+    @property
+    def n_agent(self) -> int: ...
+    @property
+    def sampling(self) -> SamplingConfig: ...
+
+    def step(
+        self,
+        user_codes: torch.Tensor | None,
+        forced_text: torch.Tensor | None = None,
+        forced_agent: torch.Tensor | None = None,
+        input_embeddings: torch.Tensor | None = None,
+        embeddings_mask: torch.Tensor | None = None,
+        active: torch.Tensor | None = None,
+    ) -> LMStepOutput: ...
 
 
 class GraphedLMStep:
     """Call like `LMStepper.step`; one graph per sampling configuration, built on first use."""
 
-    def __init__(self, stepper: LMStepper, use_graph: bool | None = None) -> None:
+    def __init__(self, stepper: Stepping, use_graph: bool | None = None) -> None:
         self.stepper = stepper
         lm = stepper.lm
         device = lm.device
@@ -33,12 +63,14 @@ class GraphedLMStep:
             raise ValueError("CUDA graphs need the LM on a CUDA device")
         self.user_codes = torch.zeros(batch, stepper.n_user, dtype=torch.long, device=device)
         self.forced_text = torch.full((batch,), NOT_FORCED, dtype=torch.long, device=device)
-        self.forced_agent = torch.full((batch, stepper.n_agent), NOT_FORCED, dtype=torch.long, device=device)
+        self.forced_agent = torch.full(
+            (batch, stepper.n_agent), NOT_FORCED, dtype=torch.long, device=device
+        )
         self.input_embeddings = torch.zeros(batch, lm.dim, dtype=lm.dtype, device=device)
         self.embeddings_mask = torch.zeros(batch, dtype=torch.bool, device=device)
         self.active = torch.ones(batch, dtype=torch.bool, device=device)
         self._graphs: dict[SamplingConfig, tuple[torch.cuda.CUDAGraph, LMStepOutput]] = {}
-        self._pool = None
+        self._pool: torch.cuda._POOL_HANDLE | None = None  # (torch's own name for the type)
 
     def _load_inputs(
         self,
@@ -109,7 +141,9 @@ class GraphedLMStep:
         embeddings_mask: torch.Tensor | None = None,
         active: torch.Tensor | None = None,
     ) -> LMStepOutput:
-        self._load_inputs(user_codes, forced_text, forced_agent, input_embeddings, embeddings_mask, active)
+        self._load_inputs(
+            user_codes, forced_text, forced_agent, input_embeddings, embeddings_mask, active
+        )
         if not self.use_graph:
             return self._eager()
         config = self.stepper.sampling

@@ -54,7 +54,9 @@ class LMStepOutput:
 class LMStepper(streaming.StreamingModule):
     """Steps B slots of an `LMModel` one frame at a time."""
 
-    def __init__(self, lm: LMModel, batch_size: int, sampling: SamplingConfig | None = None) -> None:
+    def __init__(
+        self, lm: LMModel, batch_size: int, sampling: SamplingConfig | None = None
+    ) -> None:
         super().__init__()
         self.lm = lm
         self.batch_size = batch_size
@@ -146,35 +148,58 @@ class LMStepper(streaming.StreamingModule):
         lm = self.lm
         owner = getattr(lm, "_driving_stepper", None)
         if owner is None or owner() is not self:
-            raise RuntimeError("another LMStepper was created on this LMModel and owns its streaming state")
+            raise RuntimeError(
+                "another LMStepper was created on this LMModel and owns its streaming state"
+            )
         tokens, provided, offset = state["tokens"], state["provided"], state["offset"]
         batch = tokens.shape[0]
         device = tokens.device
         ring = self.ring
-        live = torch.ones(batch, dtype=torch.bool, device=device) if active is None else active.to(device)
+        live = (
+            torch.ones(batch, dtype=torch.bool, device=device)
+            if active is None
+            else active.to(device)
+        )
         slots = torch.arange(batch, device=device)[:, None]
 
         if self.n_user:
             if user_codes is None:
                 raise ValueError("user_codes are required for this model")
-            if user_codes.dim() != 2 or user_codes.shape[0] != batch or user_codes.shape[1] < self.n_user:
-                raise ValueError(f"user_codes must be [{batch}, >={self.n_user}], got {list(user_codes.shape)}")
+            if (
+                user_codes.dim() != 2
+                or user_codes.shape[0] != batch
+                or user_codes.shape[1] < self.n_user
+            ):
+                raise ValueError(
+                    f"user_codes must be [{batch}, >={self.n_user}], got {list(user_codes.shape)}"
+                )
             user_codes = user_codes[:, : self.n_user]  # a codec may produce more codebooks
             lag = state["user_lag"][:, None]
             columns = (offset[:, None] + lag + self.delays[self.user_rows][None]) % ring
-            self._write(slots, self.user_rows[None], columns, user_codes.to(device), live[:, None], True)
+            self._write(
+                slots, self.user_rows[None], columns, user_codes.to(device), live[:, None], True
+            )
 
         target = (offset + 1) % ring
         if forced_text is not None:
             forced_text = forced_text.to(device)
-            self._write(slots[:, 0], 0, (offset + 1 + self.delays[0]) % ring, forced_text, live & (forced_text >= 0), True)
+            self._write(
+                slots[:, 0],
+                0,
+                (offset + 1 + self.delays[0]) % ring,
+                forced_text,
+                live & (forced_text >= 0),
+                True,
+            )
         if forced_agent is not None:
             forced_agent = forced_agent.to(device)
             columns = (offset[:, None] + 1 + self.delays[self.agent_rows][None]) % ring
             mask = live[:, None] & (forced_agent >= 0)
             self._write(slots, self.agent_rows[None], columns, forced_agent, mask, True)
 
-        current = tokens.gather(2, (offset % ring)[:, None, None].expand(-1, tokens.shape[1], 1))[:, :, 0]
+        current = tokens.gather(2, (offset % ring)[:, None, None].expand(-1, tokens.shape[1], 1))[
+            :, :, 0
+        ]
         use_initial = (offset[:, None] <= self.delays[None]) | ~live[:, None]
         current = torch.where(use_initial, self.initial[None], current)
 
@@ -191,25 +216,50 @@ class LMStepper(streaming.StreamingModule):
         target_column = target[:, None, None].expand(-1, tokens.shape[1], 1)
         target_tokens = tokens.gather(2, target_column)[:, :, 0]
         target_provided = provided.gather(2, target_column)[:, :, 0]
-        text = choose_tokens(text_logits.float(), config.use_sampling, config.temp_text, config.top_k_text, seed, offset, 0)
+        text = choose_tokens(
+            text_logits.float(),
+            config.use_sampling,
+            config.temp_text,
+            config.top_k_text,
+            seed,
+            offset,
+            0,
+        )
         text = torch.where(target_provided[:, 0], target_tokens[:, 0], text)
 
         prev = text
         agent = []
         for index in range(self.n_agent):
             logits = lm.depformer_logits(index, prev, transformer_out)
-            token = choose_tokens(logits.float(), config.use_sampling, config.temp, config.top_k, seed, offset, 1 + index)
+            token = choose_tokens(
+                logits.float(),
+                config.use_sampling,
+                config.temp,
+                config.top_k,
+                seed,
+                offset,
+                1 + index,
+            )
             prev = torch.where(target_provided[:, 1 + index], target_tokens[:, 1 + index], token)
             agent.append(prev)
         generated = torch.stack([text, *agent], dim=1)  # [B, 1 + n_agent]
 
-        self._write(slots, self.output_rows[None], target[:, None].expand(-1, 1 + self.n_agent), generated, live[:, None], False)
+        self._write(
+            slots,
+            self.output_rows[None],
+            target[:, None].expand(-1, 1 + self.n_agent),
+            generated,
+            live[:, None],
+            False,
+        )
         # Column s is consumed: its provided flags must not leak into column s + ring.
         consumed = (offset % ring)[:, None, None].expand(-1, tokens.shape[1], 1)
         provided.scatter_(2, consumed, provided.gather(2, consumed) & ~live[:, None, None])
         offset.add_(live.to(offset.dtype))
 
-        out_columns = (offset[:, None] - self.max_delay + self.delays[self.output_rows][None]) % ring
+        out_columns = (
+            offset[:, None] - self.max_delay + self.delays[self.output_rows][None]
+        ) % ring
         frame = tokens[slots, self.output_rows[None], out_columns]
         valid = live & (offset > self.max_delay)
         frame = torch.where(valid[:, None], frame, UNGENERATED)

@@ -21,11 +21,16 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import cast
 
 import torch
 from torch import Tensor, nn
 
-from agent.plugins.personaplex.conv import StreamingConv1d, StreamingConvTranspose1d, pad_to_whole_frames
+from agent.plugins.personaplex.conv import (
+    StreamingConv1d,
+    StreamingConvTranspose1d,
+    pad_to_whole_frames,
+)
 from agent.plugins.personaplex.quantizer import SplitResidualVectorQuantizer
 from agent.plugins.personaplex.seanet import SEANetDecoder, SEANetEncoder
 
@@ -36,7 +41,12 @@ class ConvDownsample1d(nn.Module):
     def __init__(self, stride: int, dimension: int) -> None:
         super().__init__()
         self.conv = StreamingConv1d(
-            dimension, dimension, kernel_size=2 * stride, stride=stride, bias=False, pad_mode="replicate"
+            dimension,
+            dimension,
+            kernel_size=2 * stride,
+            stride=stride,
+            bias=False,
+            pad_mode="replicate",
         )
 
     def forward(self, x: Tensor) -> Tensor:
@@ -53,7 +63,12 @@ class ConvTrUpsample1d(nn.Module):
     def __init__(self, stride: int, dimension: int) -> None:
         super().__init__()
         self.convtr = StreamingConvTranspose1d(
-            dimension, dimension, kernel_size=2 * stride, stride=stride, groups=dimension, bias=False
+            dimension,
+            dimension,
+            kernel_size=2 * stride,
+            stride=stride,
+            groups=dimension,
+            bias=False,
         )
 
     def forward(self, x: Tensor) -> Tensor:
@@ -88,7 +103,8 @@ class MimiModel(nn.Module):
         self.frame_size = int(frame_size)
         if self.frame_size % encoder.hop_length != 0:
             raise ValueError(
-                f"frame size {self.frame_size} is not a multiple of the SEANet hop {encoder.hop_length}"
+                f"frame size {self.frame_size} is not a multiple of the SEANet hop "
+                f"{encoder.hop_length}"
             )
         self.resample_stride = self.frame_size // encoder.hop_length
         self._conv_layers: list[StreamingConv1d | StreamingConvTranspose1d] | None = None
@@ -115,7 +131,7 @@ class MimiModel(nn.Module):
 
     @property
     def is_streaming(self) -> bool:
-        return self.encoder.model[0].is_streaming
+        return cast(StreamingConv1d, self.encoder.model[0]).is_streaming
 
     def _check_frames(self, x: Tensor) -> Tensor:
         if x.dim() != 3 or x.shape[1] != self.channels:
@@ -133,7 +149,9 @@ class MimiModel(nn.Module):
     def _convs(self) -> list[StreamingConv1d | StreamingConvTranspose1d]:
         if self._conv_layers is None:
             self._conv_layers = [
-                module for module in self.modules() if isinstance(module, (StreamingConv1d, StreamingConvTranspose1d))
+                module
+                for module in self.modules()
+                if isinstance(module, (StreamingConv1d, StreamingConvTranspose1d))
             ]
         return self._conv_layers
 
@@ -145,7 +163,10 @@ class MimiModel(nn.Module):
         if not self.is_streaming:
             raise ValueError("an active-slot mask only applies while streaming")
         if active.shape != (batch,) or active.dtype != torch.bool:
-            raise ValueError(f"active must be a bool tensor of shape [{batch}], got {active.dtype} {list(active.shape)}")
+            raise ValueError(
+                f"active must be a bool tensor of shape [{batch}], got {active.dtype} "
+                f"{list(active.shape)}"
+            )
         convs = self._convs()
         for conv in convs:
             conv.active = active
@@ -155,7 +176,9 @@ class MimiModel(nn.Module):
             for conv in convs:
                 conv.active = None
 
-    def _transform(self, transformer: nn.Module | None, emb: Tensor, active: Tensor | None) -> Tensor:
+    def _transform(
+        self, transformer: nn.Module | None, emb: Tensor, active: Tensor | None
+    ) -> Tensor:
         if transformer is None:
             return emb
         if active is None:
@@ -177,10 +200,11 @@ class MimiModel(nn.Module):
         return self.quantizer.encode(self.encode_latent(x, active))
 
     def decode(self, codes: Tensor, active: Tensor | None = None) -> Tensor:
-        """Codes [B, K, n] (K <= total codebooks, values in [0, cardinality)) -> audio [B, C, frame_size * n]."""
+        """Codes [B, K, n] (K <= total codebooks, values in [0, cardinality)) -> audio
+        [B, C, frame_size * n]."""
         if codes.dim() != 3:
             raise ValueError(f"codes must be [B, K, n], got {list(codes.shape)}")
-        dtype = self.decoder.model[0].conv.conv.weight.dtype
+        dtype = cast(StreamingConv1d, self.decoder.model[0]).conv.conv.weight.dtype
         emb = self.quantizer.decode(codes, dtype)
         with self._frozen_slots(active, codes.shape[0]):
             if self.upsample is not None:

@@ -27,7 +27,10 @@ from safetensors import safe_open
 from agent.plugins.base import PluginError
 from agent.plugins.personaplex.conv import fold_weight_norm
 from agent.plugins.personaplex.mimi import MimiModel
-from agent.plugins.personaplex.quantizer import SplitResidualVectorQuantizer, rename_legacy_codebook_keys
+from agent.plugins.personaplex.quantizer import (
+    SplitResidualVectorQuantizer,
+    rename_legacy_codebook_keys,
+)
 from agent.plugins.personaplex.seanet import SEANetDecoder, SEANetEncoder
 from agent.plugins.personaplex.transformer import split_fused_attention
 
@@ -171,7 +174,9 @@ def read_mimi_config(path: str | Path) -> MimiConfig:
     return parse_mimi_config(raw)
 
 
-def _build_transformer(kwargs: dict[str, Any], device: torch.device | str, dtype: torch.dtype) -> torch.nn.Module:
+def _build_transformer(
+    kwargs: dict[str, Any], device: torch.device | str, dtype: torch.dtype
+) -> torch.nn.Module:
     from agent.plugins.personaplex.transformer import ProjectedTransformer
 
     return ProjectedTransformer(device=device, dtype=dtype, **kwargs)

@@ -47,7 +47,7 @@ def restore_state(layers: list[StreamingModule], saved: StateTensors) -> None:
     current = state_tensors(layers)
     if len(current) != len(saved):
         raise RuntimeError("streaming state layout changed between save and restore")
-    for tensor, value in zip(current, saved):
+    for tensor, value in zip(current, saved, strict=True):
         tensor.copy_(value)
 
 
@@ -74,7 +74,7 @@ class GraphedMimi:
         if self.use_graph and device.type != "cuda":
             raise ValueError("CUDA graphs need Mimi on a CUDA device")
         self._graphs: dict[tuple[object, ...], _Captured] = {}
-        self._pool: object | None = None
+        self._pool: torch.cuda._POOL_HANDLE | None = None  # (torch's own name for the type)
 
     @torch.no_grad()
     def encode(self, audio: torch.Tensor, active: torch.Tensor | None = None) -> torch.Tensor:
@@ -91,11 +91,15 @@ class GraphedMimi:
         self._graphs.clear()
         self._pool = None
 
-    def _run(self, kind: str, step: Step, x: torch.Tensor, active: torch.Tensor | None) -> torch.Tensor:
+    def _run(
+        self, kind: str, step: Step, x: torch.Tensor, active: torch.Tensor | None
+    ) -> torch.Tensor:
         if not self.use_graph:
             return step(x, active=active)
         if not self.mimi.is_streaming:
-            raise RuntimeError("GraphedMimi replays streaming steps: call start_streaming(mimi, B) first")
+            raise RuntimeError(
+                "GraphedMimi replays streaming steps: call start_streaming(mimi, B) first"
+            )
         key = (kind, tuple(x.shape), x.dtype, x.device)
         addresses = tuple(tensor.data_ptr() for tensor in state_tensors(self.layers))
         captured = self._graphs.get(key)

@@ -25,7 +25,6 @@ import torch
 from safetensors import SafetensorError
 
 from agent.plugins.base import (
-    check_extra_body,
     Capabilities,
     Plugin,
     PluginError,
@@ -35,15 +34,27 @@ from agent.plugins.base import (
     RuntimeConfig,
     SessionConfig,
     StepOutput,
+    check_extra_body,
 )
 from agent.plugins.moshi_defaults import DEFAULT_PERSONA, DEFAULT_VOICE
 from agent.plugins.personaplex import checkpoint, lm_config, mimi_config, policy
 from agent.plugins.personaplex.prompt import (
-    PromptCache, PromptKey, PromptPlan, VoicePrompt, check_voice_prompt, detached_copy, persona_tokens,
+    PromptCache,
+    PromptKey,
+    PromptPlan,
+    VoicePrompt,
+    check_voice_prompt,
+    detached_copy,
+    persona_tokens,
 )
-from agent.plugins.personaplex.voice_audio import UploadedVoices, VoiceAudioError, encode_voice, read_voice_audio
 from agent.plugins.personaplex.sampling import SamplingConfig
 from agent.plugins.personaplex.stepper import BatchedStepper, FrameResult, SlotHandle
+from agent.plugins.personaplex.voice_audio import (
+    UploadedVoices,
+    VoiceAudioError,
+    encode_voice,
+    read_voice_audio,
+)
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +74,8 @@ def parse_device(name: str | None) -> torch.device:
     try:
         device = torch.device(name or "cpu")
     except (RuntimeError, ValueError) as exc:
-        raise PluginError("invalid_device", f"unknown device '{name}': {exc}", param="device") from exc
+        raise PluginError("invalid_device", f"unknown device '{name}': {exc}",
+                          param="device") from exc
     if device.type not in ("cpu", "cuda"):
         raise PluginError("invalid_device", f"device '{name}' is not supported (cpu or cuda)",
                           param="device")
@@ -75,7 +87,8 @@ def parse_dtype(name: str | None, device: torch.device) -> torch.dtype:
         return torch.bfloat16 if device.type == "cuda" else torch.float32
     dtype = DTYPES.get(name.lower())
     if dtype is None:
-        raise PluginError("invalid_dtype", f"dtype '{name}' is not one of float32, bfloat16, float16",
+        raise PluginError("invalid_dtype",
+                          f"dtype '{name}' is not one of float32, bfloat16, float16",
                           param="dtype")
     return dtype
 
@@ -167,9 +180,11 @@ class PersonaPlexPlugin(Plugin):
         self.sampling = sampling
         self.device = parse_device(device)
         self.dtype = parse_dtype(dtype, self.device)
-        default_sessions = DEFAULT_CUDA_SESSIONS if self.device.type == "cuda" else DEFAULT_CPU_SESSIONS
+        default_sessions = (DEFAULT_CUDA_SESSIONS if self.device.type == "cuda"
+                            else DEFAULT_CPU_SESSIONS)
         if max_sessions < 0:
-            raise PluginError("invalid_max_sessions", "max_sessions must be >= 0", param="max_sessions")
+            raise PluginError("invalid_max_sessions", "max_sessions must be >= 0",
+                              param="max_sessions")
         self.max_sessions = max_sessions or default_sessions
         self.default_voice = voice or (DEFAULT_VOICE if self.uses_prompt else None)
         # A snapshot holds the prompt's filled KV entries (about 0.1 GB for the 7B model and a
@@ -202,12 +217,14 @@ class PersonaPlexPlugin(Plugin):
 
     def _load(self) -> LoadedModel:
         if self.device.type == "cuda" and not torch.cuda.is_available():
-            raise PluginError("device_unavailable", "--device cuda was asked for but CUDA is not available",
+            raise PluginError("device_unavailable",
+                              "--device cuda was asked for but CUDA is not available",
                               param="device", status=500)
         files = checkpoint.inspect_checkpoint(self.model_dir, need_voices=self.uses_prompt)
         checkpoint.check_layout(files.config, self.dep_q, self.id)
         if self.uses_prompt and self.default_voice is not None:
-            self.default_voice = policy.validate_voice(self.default_voice, files.voices, self.default_voice)
+            self.default_voice = policy.validate_voice(self.default_voice, files.voices,
+                                                       self.default_voice)
         try:
             return self._load_weights(files)
         except torch.cuda.OutOfMemoryError as exc:
@@ -230,7 +247,8 @@ class PersonaPlexPlugin(Plugin):
         text_card = int(info.lm_kwargs.get("text_card", 32000))
         if tokenizer.get_piece_size() > text_card:
             raise ValueError(
-                f"the tokenizer has {tokenizer.get_piece_size()} pieces but text_card is {text_card}"
+                f"the tokenizer has {tokenizer.get_piece_size()} pieces but text_card is "
+                f"{text_card}"
             )
         lm = lm_config.load_lm(info, self.device, self.dtype)
         mimi_codebooks = max(lm.num_agent_codebooks, lm.num_user_codebooks)
@@ -256,7 +274,8 @@ class PersonaPlexPlugin(Plugin):
 
     def _loaded(self) -> LoadedModel:
         if self.model is None:
-            raise PluginError("not_ready", f"plugin '{self.id}' has not loaded its model yet", status=503)
+            raise PluginError("not_ready", f"plugin '{self.id}' has not loaded its model yet",
+                              status=503)
         return self.model
 
     # ------------------------------------------------------------------ policy
@@ -270,7 +289,8 @@ class PersonaPlexPlugin(Plugin):
             voice_update=False, instructions_update=False, voice_upload=self.uses_prompt,
         )
 
-    def _voice_and_persona(self, model: LoadedModel, config: SessionConfig) -> tuple[str | None, str | None]:
+    def _voice_and_persona(self, model: LoadedModel,
+                           config: SessionConfig) -> tuple[str | None, str | None]:
         assert self.default_voice is not None
         if config.voice_audio is not None:
             voice = policy.uploaded_voice_name(config.voice_audio)
@@ -287,6 +307,8 @@ class PersonaPlexPlugin(Plugin):
                                            int(kwargs["text_card"]), self.sampling)
         options: dict[str, Any] = {"sampling": sampling}
         if model.prompts is not None:
+            # A prompting plugin always has a voice: the caller's, else the default one.
+            assert voice is not None
             options[SNAPSHOT_OPTION] = await self._prompt_snapshot(model.prompts, voice, persona,
                                                                    session_config.voice_audio)
         return RuntimeConfig(voice=voice, instructions=persona, options=options)
@@ -304,10 +326,12 @@ class PersonaPlexPlugin(Plugin):
             except VoiceAudioError as exc:  # the caller's recording, not the server's files
                 raise PluginError("invalid_voice_audio", str(exc), param="voice_audio") from None
 
-    def runtime_config_for_update(self, current: RuntimeConfig, update: SessionConfig) -> RuntimeConfig:
+    def runtime_config_for_update(self, current: RuntimeConfig,
+                                  update: SessionConfig) -> RuntimeConfig:
         if update.voice is not None and update.voice != current.voice:
             raise policy.voice_update_unsupported(self.id)
-        if update.instructions is not None and update.instructions.strip() != (current.instructions or ""):
+        if (update.instructions is not None
+                and update.instructions.strip() != (current.instructions or "")):
             raise policy.persona_update_unsupported(self.id)
         if update.extra_body:
             check_extra_body(self, update.extra_body, frozenset())
@@ -360,7 +384,7 @@ class PersonaPlexPlugin(Plugin):
             handles.append(session.handle)
         results = model.stepper.step(handles, frames)
         outputs = []
-        for session, result in zip(sessions, results):
+        for session, result in zip(sessions, results, strict=False):
             assert isinstance(session, PersonaPlexSession)
             session.frames += 1
             outputs.append(step_output(model, result))
@@ -374,7 +398,8 @@ class MoshiPlugin(PersonaPlexPlugin):
     dep_q: ClassVar[int] = 8
     uses_prompt: ClassVar[bool] = False
 
-    def _voice_and_persona(self, model: LoadedModel, config: SessionConfig) -> tuple[str | None, str | None]:
+    def _voice_and_persona(self, model: LoadedModel,
+                           config: SessionConfig) -> tuple[str | None, str | None]:
         if config.voice:
             raise PluginError("invalid_voice", "plugin 'moshi' has no selectable voices",
                               param="session.voice")
@@ -384,7 +409,8 @@ class MoshiPlugin(PersonaPlexPlugin):
                               param="session.instructions")
         return None, None
 
-    def runtime_config_for_update(self, current: RuntimeConfig, update: SessionConfig) -> RuntimeConfig:
+    def runtime_config_for_update(self, current: RuntimeConfig,
+                                  update: SessionConfig) -> RuntimeConfig:
         if update.voice:
             raise policy.voice_update_unsupported(self.id)
         if update.instructions and update.instructions.strip():

@@ -32,6 +32,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, TypeVar
 
 import torch
 from torch import nn
@@ -43,10 +44,15 @@ from agent.plugins.personaplex.lm_stepper import NOT_FORCED, LMStepper
 from agent.plugins.personaplex.policy import wrap_persona
 from agent.plugins.personaplex.stepper import GREEDY
 
+if TYPE_CHECKING:
+    from sentencepiece import SentencePieceProcessor
+
 SILENCE_TOKENS = (948, 243, 1178, 546, 1736, 1030, 1978, 2008)
 SINE_TOKENS = (430, 1268, 381, 1611, 1095, 1495, 56, 472)
 SILENCE_FRAMES = 6
 DEFAULT_SNAPSHOT_CAPACITY = 32
+
+ModuleT = TypeVar("ModuleT", bound=nn.Module)
 
 
 @dataclass(frozen=True)
@@ -79,12 +85,14 @@ class PromptPlan:
         replayed from embeddings (the reference's discarded first call; see `run_prefill`)."""
         voice = self.voice.frames if self.voice is not None else 0
         audio = int(self.voice_codes.shape[0]) if self.voice_codes is not None else 0
-        return voice + audio + 2 * self.silence_frames + len(self.text_tokens) - (self.voice is None)
+        return (
+            voice + audio + 2 * self.silence_frames + len(self.text_tokens) - (self.voice is None)
+        )
 
 
-def persona_tokens(tokenizer: object, persona: str) -> tuple[int, ...]:
+def persona_tokens(tokenizer: SentencePieceProcessor, persona: str) -> tuple[int, ...]:
     """SentencePiece ids of the wrapped persona."""
-    return tuple(int(t) for t in tokenizer.encode(wrap_persona(persona)))  # type: ignore[attr-defined]
+    return tuple(int(t) for t in tokenizer.encode(wrap_persona(persona)))
 
 
 def check_voice_prompt(voice: VoicePrompt, lm: LMModel, name: str) -> None:
@@ -147,7 +155,9 @@ def run_prefill(stepper: LMStepper, slot: int, plan: PromptPlan,
     if plan.voice is not None:
         # While replaying, the token rows hold "nothing yet" values; the restored cache
         # replaces them afterwards (as the reference voice prompt files were made).
-        initial_user = torch.full((batch, n_user), lm.initial_token_id, dtype=torch.long, device=device)
+        initial_user = torch.full(
+            (batch, n_user), lm.initial_token_id, dtype=torch.long, device=device
+        )
         initial_agent = spread(
             torch.full((1, n_agent), lm.initial_token_id, dtype=torch.long, device=device),
             NOT_FORCED,
@@ -178,7 +188,7 @@ def run_prefill(stepper: LMStepper, slot: int, plan: PromptPlan,
         step(sine, forced_text=text, forced_agent=agent, active=active)
 
 
-def detached_copy(model: nn.Module) -> nn.Module:
+def detached_copy(model: ModuleT) -> ModuleT:
     """A structural copy of `model` that shares every weight tensor but has its own streaming
     state, so a second thread can stream through it without touching the original's state.
     Make it before another thread streams through `model` (its state is set aside meanwhile)."""
@@ -214,7 +224,7 @@ class PromptCache:
     ) -> None:
         self._plan_for = plan_for
         self._lm = detached_copy(lm)
-        self._stepper = LMStepper(self._lm, 1, GREEDY)  # type: ignore[arg-type]
+        self._stepper = LMStepper(self._lm, 1, GREEDY)
         self._step = GraphedLMStep(self._stepper)  # a CUDA graph on GPUs, eager elsewhere
         self._executor = concurrent.futures.ThreadPoolExecutor(
             max_workers=1, thread_name_prefix="prefill"
@@ -239,7 +249,9 @@ class PromptCache:
         with self._lock:
             snapshot = self._snapshots.get(key)
             if snapshot is not None:
-                done: concurrent.futures.Future[streaming.SlotSnapshot] = concurrent.futures.Future()
+                done: concurrent.futures.Future[streaming.SlotSnapshot] = (
+                    concurrent.futures.Future()
+                )
                 done.set_result(snapshot)
                 return done
             pending = self._pending.get(key)

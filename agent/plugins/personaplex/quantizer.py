@@ -16,7 +16,7 @@ on the compute dtype's rounding.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import Tensor, nn
@@ -32,6 +32,11 @@ LEGACY_BUFFER_NAMES = {
 
 
 class EuclideanCodebook(nn.Module):
+    # Buffers (register_buffer below), declared for the type checker.
+    _initialized: Tensor
+    cluster_usage: Tensor
+    embedding_sum: Tensor
+
     def __init__(self, dim: int, codebook_size: int, epsilon: float = EPSILON) -> None:
         super().__init__()
         self.dim = dim
@@ -59,7 +64,9 @@ class VectorQuantization(nn.Module):
 class ResidualVectorQuantization(nn.Module):
     def __init__(self, dim: int, codebook_size: int, num_quantizers: int) -> None:
         super().__init__()
-        self.layers = nn.ModuleList(VectorQuantization(dim, codebook_size) for _ in range(num_quantizers))
+        self.layers = nn.ModuleList(
+            VectorQuantization(dim, codebook_size) for _ in range(num_quantizers)
+        )
 
 
 class ResidualVectorQuantizer(nn.Module):
@@ -88,14 +95,16 @@ class ResidualVectorQuantizer(nn.Module):
 
     def refresh_centroids(self) -> None:
         """Recompute the cached float32 centroids from the codebook buffers."""
-        centroids = torch.stack([layer._codebook.centroids() for layer in self.vq.layers])
+        centroids = torch.stack(
+            [cast(VectorQuantization, layer)._codebook.centroids() for layer in self.vq.layers]
+        )
         self._centroids = centroids
         # [c, 1, |c|^2] per centroid: the right operand of the one matmul that torch.cdist does
         # for Euclidean distances, precomputed once instead of on every call.
         sq_norms = centroids.pow(2).sum(-1, keepdim=True)
         self._augmented = torch.cat([centroids, torch.ones_like(sq_norms), sq_norms], dim=-1)
 
-    def _apply(self, fn: Any, recurse: bool = True) -> "ResidualVectorQuantizer":
+    def _apply(self, fn: Any, recurse: bool = True) -> ResidualVectorQuantizer:
         # Moving the module (device/dtype) must move the cache too; it is rebuilt from buffers.
         result = super()._apply(fn, recurse)
         self._centroids = self._augmented = None
@@ -172,7 +181,9 @@ class SplitResidualVectorQuantizer(nn.Module):
         self.n_q_semantic = n_q_semantic
         self.dimension = dimension
         self.bins = bins
-        self.rvq_first = ResidualVectorQuantizer(dimension, input_dimension, output_dimension, n_q_semantic, bins)
+        self.rvq_first = ResidualVectorQuantizer(
+            dimension, input_dimension, output_dimension, n_q_semantic, bins
+        )
         self.rvq_rest = ResidualVectorQuantizer(
             dimension, input_dimension, output_dimension, n_q - n_q_semantic, bins
         )
@@ -190,7 +201,8 @@ class SplitResidualVectorQuantizer(nn.Module):
         return self.bins
 
     def refresh_centroids(self) -> None:
-        """Rebuild the cached centroid tables now (not lazily inside a first, maybe graphed, step)."""
+        """Rebuild the cached centroid tables now (not lazily inside a first, maybe graphed,
+        step)."""
         self.rvq_first.refresh_centroids()
         self.rvq_rest.refresh_centroids()
 

@@ -20,7 +20,9 @@ NORMS = ("none", "weight_norm")
 def make_activation(name: str, params: dict[str, Any] | None) -> nn.Module:
     activation = getattr(nn, name, None)
     if not (isinstance(activation, type) and issubclass(activation, nn.Module)):
-        raise ValueError(f"unknown activation {name!r}: expected a torch.nn module name such as 'ELU'")
+        raise ValueError(
+            f"unknown activation {name!r}: expected a torch.nn module name such as 'ELU'"
+        )
     return activation(**(params or {}))
 
 
@@ -53,7 +55,7 @@ class SEANetResnetBlock(nn.Module):
         hidden = dim // compress
         layers: list[nn.Module] = []
         last = len(kernel_sizes) - 1
-        for i, (kernel_size, dilation) in enumerate(zip(kernel_sizes, dilations)):
+        for i, (kernel_size, dilation) in enumerate(zip(kernel_sizes, dilations, strict=True)):
             layers.append(make_activation(activation, activation_params))
             layers.append(
                 StreamingConv1d(
@@ -101,7 +103,9 @@ class SEANetEncoder(nn.Module):
         super().__init__()
         check_norm(norm)
         check_causal(causal)
-        _reject_unknown(decoder_only, {"final_activation", "final_activation_params", "trim_right_ratio"})
+        _reject_unknown(
+            decoder_only, {"final_activation", "final_activation_params", "trim_right_ratio"}
+        )
         activation_params = {"alpha": 1.0} if activation_params is None else activation_params
         self.channels = channels
         self.dimension = dimension
@@ -138,7 +142,9 @@ class SEANetEncoder(nn.Module):
             )
             mult *= 2
         layers.append(make_activation(activation, activation_params))
-        layers.append(StreamingConv1d(mult * n_filters, dimension, last_kernel_size, pad_mode=pad_mode))
+        layers.append(
+            StreamingConv1d(mult * n_filters, dimension, last_kernel_size, pad_mode=pad_mode)
+        )
         self.model = nn.Sequential(*layers)
 
     def forward(self, x: Tensor) -> Tensor:

@@ -21,7 +21,7 @@ reset when a session takes the slot.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -74,6 +74,13 @@ def bucket_width(count: int, capacity: int) -> int:
 class _PrefixStepper:
     """Adapter for GraphedLMStep, which sizes its static buffers from `stepper.batch_size`:
     one graphed step serves one prefix width of the packed slots of the real stepper."""
+
+    # Read from the wrapped stepper through __getattr__ (declared for the type checker).
+    lm: LMModel
+    n_user: int
+    n_agent: int
+    sampling: SamplingConfig
+    step: Callable[..., LMStepOutput]
 
     def __init__(self, stepper: LMStepper, width: int) -> None:
         self._stepper = stepper
@@ -134,7 +141,9 @@ class BatchedStepper:
         self.bucketed = self.graphs if bucketed is None else bucketed
         if self.graphs and not self.bucketed:
             raise ValueError("CUDA graphs need bucketed (fixed) batch widths")
-        self.codec: MimiModel | GraphedMimi = GraphedMimi(mimi, use_graph=True) if self.graphs else mimi
+        self.codec: MimiModel | GraphedMimi = (
+            GraphedMimi(mimi, use_graph=True) if self.graphs else mimi
+        )
         self._graphed_lm: dict[int, GraphedLMStep] = {}
 
     @property
@@ -155,7 +164,9 @@ class BatchedStepper:
         return handle
 
     @torch.no_grad()
-    def load(self, handle: SlotHandle, snapshot: streaming.SlotSnapshot | None, seed: int = 0) -> None:
+    def load(
+        self, handle: SlotHandle, snapshot: streaming.SlotSnapshot | None, seed: int = 0
+    ) -> None:
         """Put a seated session back to `snapshot` (also a restart), with a fresh codec state."""
         mask = torch.zeros(self.capacity, dtype=torch.bool, device=self.device)
         mask[handle.slot] = True
@@ -195,7 +206,9 @@ class BatchedStepper:
         if len(handles) == 0:
             return []
         if frames.shape != (len(handles), self.frame_size):
-            raise ValueError(f"frames must be [{len(handles)}, {self.frame_size}], got {frames.shape}")
+            raise ValueError(
+                f"frames must be [{len(handles)}, {self.frame_size}], got {frames.shape}"
+            )
         count = max(h.slot for h in handles) + 1
         if self.bucketed:
             count = bucket_width(count, self.capacity)
@@ -248,13 +261,15 @@ class BatchedStepper:
             valid[chosen] = out.audio_valid[chosen]
         return text, codes, valid
 
-    def _lm_forward(self, width: int, user_codes: torch.Tensor, active: torch.Tensor | None) -> LMStepOutput:
+    def _lm_forward(
+        self, width: int, user_codes: torch.Tensor, active: torch.Tensor | None
+    ) -> LMStepOutput:
         if not self.graphs:
             return self.lm_stepper.step(user_codes, active=active)
         graphed = self._graphed_lm.get(width)
         if graphed is None:
             adapter = _PrefixStepper(self.lm_stepper, width)
-            graphed = GraphedLMStep(adapter, use_graph=True)  # type: ignore[arg-type]
+            graphed = GraphedLMStep(adapter, use_graph=True)
             self._graphed_lm[width] = graphed
         return graphed.step(user_codes, active=active)
 

@@ -15,10 +15,14 @@ import argparse
 import io
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from safetensors.torch import save_file
+
+if TYPE_CHECKING:
+    from agent.plugins.personaplex.mimi import MimiModel
+    from agent.plugins.personaplex.quantizer import VectorQuantization
 
 LM_WEIGHTS_NAME = "model.safetensors"
 MIMI_WEIGHTS_NAME = "tokenizer-e351c8d8-checkpoint125.safetensors"
@@ -177,7 +181,7 @@ def fuse_attention(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 
 @torch.no_grad()
-def calibrate_codebooks(mimi: torch.nn.Module, generator: torch.Generator) -> None:
+def calibrate_codebooks(mimi: MimiModel, generator: torch.Generator) -> None:
     """Spread each random codebook over the latents the random encoder actually produces.
 
     Unit-variance random centroids sit far from a random encoder's small latents, so every
@@ -186,14 +190,16 @@ def calibrate_codebooks(mimi: torch.nn.Module, generator: torch.Generator) -> No
     seconds = 4
     t = torch.arange(24000 * seconds) / 24000.0
     pitch = 100 + 400 * torch.rand(4, 1, 1, generator=generator)
-    audio = 0.3 * torch.sin(2 * torch.pi * pitch * t) + 0.05 * torch.randn(4, 1, t.numel(), generator=generator)
+    audio = (0.3 * torch.sin(2 * torch.pi * pitch * t)
+             + 0.05 * torch.randn(4, 1, t.numel(), generator=generator))
     latent = mimi.encode_latent(audio)
     for rvq in (mimi.quantizer.rvq_first, mimi.quantizer.rvq_rest):
         residual = rvq.input_proj(latent).transpose(1, 2).reshape(-1, rvq.dimension)
         for layer in rvq.vq.layers:
-            codebook = layer._codebook
+            codebook = cast("VectorQuantization", layer)._codebook
             mean, std = residual.mean(0), residual.std(0) + 1e-6
-            centroids = mean + std * torch.randn(codebook.codebook_size, rvq.dimension, generator=generator)
+            centroids = mean + std * torch.randn(codebook.codebook_size, rvq.dimension,
+                                                 generator=generator)
             codebook.cluster_usage.fill_(1.0)
             codebook.embedding_sum.copy_(centroids)
             nearest = torch.cdist(residual, centroids).argmin(-1)

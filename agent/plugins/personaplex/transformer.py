@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -43,7 +43,9 @@ class LayerNormF32(nn.LayerNorm):
 class RMSNorm(nn.Module):
     """RMS norm; `compute_dtype` float32 gives the reference's `rms_norm_f32`."""
 
-    def __init__(self, dim: int, eps: float = 1e-5, compute_dtype: torch.dtype | None = None) -> None:
+    def __init__(
+        self, dim: int, eps: float = 1e-5, compute_dtype: torch.dtype | None = None
+    ) -> None:
         super().__init__()
         self.eps = eps
         self.compute_dtype = compute_dtype
@@ -176,12 +178,16 @@ def apply_rope(
     return torch.cat([out_r, out_i], dim=-1)
 
 
-def sin_embedding(positions: torch.Tensor, dim: int, max_period: float, dtype: torch.dtype) -> torch.Tensor:
+def sin_embedding(
+    positions: torch.Tensor, dim: int, max_period: float, dtype: torch.dtype
+) -> torch.Tensor:
     """Sinusoidal embedding [B, T, dim] for positions [B, T]."""
     half = dim // 2
     pos = positions.to(dtype)[..., None]
     adim = torch.arange(half, device=positions.device, dtype=dtype)
-    phase = pos / (torch.full([], max_period, device=positions.device, dtype=dtype) ** (adim / (half - 1)))
+    phase = pos / (
+        torch.full([], max_period, device=positions.device, dtype=dtype) ** (adim / (half - 1))
+    )
     return torch.cat([torch.cos(phase), torch.sin(phase)], dim=-1)
 
 
@@ -227,15 +233,23 @@ class StreamingMultiheadAttention(StreamingModule):
         self.context = context
         self.rope_interleave = rope_interleave
         self.weights_per_step = weights_per_step
-        self.weights_per_step_schedule = list(weights_per_step_schedule) if weights_per_step_schedule else None
+        self.weights_per_step_schedule = (
+            list(weights_per_step_schedule) if weights_per_step_schedule else None
+        )
         self.mult = _num_weight_sets(weights_per_step, self.weights_per_step_schedule)
         out_dim = embed_dim + 2 * self.num_kv_heads * self.head_dim
-        self.in_projs = nn.ModuleList(nn.Linear(embed_dim, out_dim, bias=False) for _ in range(self.mult))
-        self.out_projs = nn.ModuleList(nn.Linear(embed_dim, embed_dim, bias=False) for _ in range(self.mult))
+        self.in_projs = nn.ModuleList(
+            nn.Linear(embed_dim, out_dim, bias=False) for _ in range(self.mult)
+        )
+        self.out_projs = nn.ModuleList(
+            nn.Linear(embed_dim, embed_dim, bias=False) for _ in range(self.mult)
+        )
         self._register_load_state_dict_pre_hook(self._split_fused_weights, with_module=True)
 
     @staticmethod
-    def _split_fused_weights(module: StreamingMultiheadAttention, state_dict: dict[str, Any], prefix: str, *_: Any) -> None:
+    def _split_fused_weights(
+        module: StreamingMultiheadAttention, state_dict: dict[str, Any], prefix: str, *_: Any
+    ) -> None:
         """Released checkpoints store one fused `in_proj_weight` for all step weight sets."""
         renames = {
             "in_proj_weight": "in_projs.{i}.weight",
@@ -257,10 +271,12 @@ class StreamingMultiheadAttention(StreamingModule):
             return self.context
         if self.weights_per_step:
             return self.weights_per_step
-        raise RuntimeError("streaming attention needs a context (or weights_per_step) to size its KV cache")
+        raise RuntimeError(
+            "streaming attention needs a context (or weights_per_step) to size its KV cache"
+        )
 
     def init_state(self, batch_size: int) -> dict[str, torch.Tensor]:
-        weight = self.in_projs[0].weight
+        weight = cast(nn.Linear, self.in_projs[0]).weight
         shape = (batch_size, self.num_kv_heads, self.capacity, self.head_dim)
         return {
             "keys": torch.zeros(shape, device=weight.device, dtype=weight.dtype),
@@ -299,7 +315,9 @@ class StreamingMultiheadAttention(StreamingModule):
             target[:, stored.shape[1] :].zero_()
         self.state["filled"][slot].copy_(snapshot["filled"])
 
-    def _write_cache(self, k: torch.Tensor, v: torch.Tensor, ctx: StepContext) -> tuple[torch.Tensor, torch.Tensor]:
+    def _write_cache(
+        self, k: torch.Tensor, v: torch.Tensor, ctx: StepContext
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         assert self.state is not None and ctx.write_index is not None
         keys, values = self.state["keys"], self.state["values"]
         b, h, t, d = k.shape
@@ -317,8 +335,14 @@ class StreamingMultiheadAttention(StreamingModule):
 
     def forward(self, x: torch.Tensor, ctx: StepContext) -> torch.Tensor:
         b, t, _ = x.shape
-        projected = _apply_per_step(self.in_projs, self.weights_per_step_schedule, x, ctx.weights_step)
-        q = projected[..., : self.embed_dim].reshape(b, t, self.num_heads, self.head_dim).transpose(1, 2)
+        projected = _apply_per_step(
+            self.in_projs, self.weights_per_step_schedule, x, ctx.weights_step
+        )
+        q = (
+            projected[..., : self.embed_dim]
+            .reshape(b, t, self.num_heads, self.head_dim)
+            .transpose(1, 2)
+        )
         kv = projected[..., self.embed_dim :].reshape(b, t, 2, self.num_kv_heads, self.head_dim)
         k = kv[:, :, 0].transpose(1, 2)
         v = kv[:, :, 1].transpose(1, 2)
@@ -333,7 +357,9 @@ class StreamingMultiheadAttention(StreamingModule):
             v = v.repeat_interleave(self.kv_repeat, dim=1)
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=ctx.attn_mask)
         out = out.transpose(1, 2).reshape(b, t, self.embed_dim)
-        return _apply_per_step(self.out_projs, self.weights_per_step_schedule, out, ctx.weights_step)
+        return _apply_per_step(
+            self.out_projs, self.weights_per_step_schedule, out, ctx.weights_step
+        )
 
 
 # --------------------------------------------------------------------------- layer
@@ -371,7 +397,9 @@ class StreamingTransformerLayer(nn.Module):
         )
         self.norm1 = make_norm(norm, d_model)
         self.norm2 = make_norm(norm, d_model)
-        self.weights_per_step_schedule = list(weights_per_step_schedule) if weights_per_step_schedule else None
+        self.weights_per_step_schedule = (
+            list(weights_per_step_schedule) if weights_per_step_schedule else None
+        )
         num_weights = _num_weight_sets(weights_per_step, self.weights_per_step_schedule)
         self.gating: nn.Module | None = None
         self.linear1: nn.Linear | None = None
@@ -385,16 +413,26 @@ class StreamingTransformerLayer(nn.Module):
         else:
             gate_activation = get_activation(gating)
             if weights_per_step:
-                dims = dim_feedforward if isinstance(dim_feedforward, list) else [dim_feedforward] * num_weights
+                dims = (
+                    dim_feedforward
+                    if isinstance(dim_feedforward, list)
+                    else [dim_feedforward] * num_weights
+                )
                 if len(dims) != num_weights:
                     raise ValueError("dim_feedforward list must have one entry per weight set")
-                self.gating = nn.ModuleList(ActivationGating(d_model, dim, gate_activation) for dim in dims)
+                self.gating = nn.ModuleList(
+                    ActivationGating(d_model, dim, gate_activation) for dim in dims
+                )
             else:
                 if isinstance(dim_feedforward, list):
                     raise ValueError("a dim_feedforward list needs weights_per_step")
                 self.gating = ActivationGating(d_model, dim_feedforward, gate_activation)
-        self.layer_scale_1: nn.Module = nn.Identity() if layer_scale is None else LayerScale(d_model, layer_scale)
-        self.layer_scale_2: nn.Module = nn.Identity() if layer_scale is None else LayerScale(d_model, layer_scale)
+        self.layer_scale_1: nn.Module = (
+            nn.Identity() if layer_scale is None else LayerScale(d_model, layer_scale)
+        )
+        self.layer_scale_2: nn.Module = (
+            nn.Identity() if layer_scale is None else LayerScale(d_model, layer_scale)
+        )
 
     def _feed_forward(self, x: torch.Tensor, weights_step: int) -> torch.Tensor:
         if self.gating is None:
@@ -492,7 +530,12 @@ class StreamingTransformer(StreamingModule):
         return {"offset": torch.zeros(batch_size, device=device, dtype=torch.long)}
 
     def _context(
-        self, batch: int, steps: int, device: torch.device, active: torch.Tensor | None, weights_step: int
+        self,
+        batch: int,
+        steps: int,
+        device: torch.device,
+        active: torch.Tensor | None,
+        weights_step: int,
     ) -> StepContext:
         arange = torch.arange(steps, device=device)
         if self.state is None:
@@ -502,9 +545,11 @@ class StreamingTransformer(StreamingModule):
             valid = None
         else:
             positions = self.state["offset"][:, None] + arange
-            capacity = self.layers[0].self_attn.capacity
+            capacity = cast(StreamingTransformerLayer, self.layers[0]).self_attn.capacity
             if steps > capacity:
-                raise ValueError(f"cannot stream {steps} steps at once into a KV cache of {capacity}")
+                raise ValueError(
+                    f"cannot stream {steps} steps at once into a KV cache of {capacity}"
+                )
             write_index = positions % capacity
             # Ring slot i holds the newest position p <= last with p = i (mod capacity).
             last = positions[:, -1:]
@@ -530,7 +575,13 @@ class StreamingTransformer(StreamingModule):
         rope = None
         if self.use_rope:
             rope = rope_tables(positions.expand(batch, -1), self.head_dim, self.max_period)
-        return StepContext(rope=rope, attn_mask=mask, write_index=write_index, active=active, weights_step=weights_step)
+        return StepContext(
+            rope=rope,
+            attn_mask=mask,
+            write_index=write_index,
+            active=active,
+            weights_step=weights_step,
+        )
 
     def forward(
         self, x: torch.Tensor, active: torch.Tensor | None = None, weights_step: int = 0
@@ -544,7 +595,9 @@ class StreamingTransformer(StreamingModule):
             positions = torch.arange(steps, device=x.device)[None]
             if self.state is not None:
                 positions = positions + self.state["offset"][:, None]
-            x = x + self.positional_scale * sin_embedding(positions, channels, self.max_period, x.dtype)
+            x = x + self.positional_scale * sin_embedding(
+                positions, channels, self.max_period, x.dtype
+            )
         for layer in self.layers:
             x = layer(x, ctx)
         if self.state is not None:
@@ -574,9 +627,12 @@ class ProjectedTransformer(nn.Module):
         self.input_dimension = input_dimension
         self.output_dimensions = tuple(output_dimensions)
         self.conv_layout = conv_layout
-        self.input_proj = nn.Linear(input_dimension, d_model, bias=False) if d_model != input_dimension else None
+        self.input_proj = (
+            nn.Linear(input_dimension, d_model, bias=False) if d_model != input_dimension else None
+        )
         self.output_projs = nn.ModuleList(
-            nn.Identity() if dim == d_model else nn.Linear(d_model, dim, bias=False) for dim in self.output_dimensions
+            nn.Identity() if dim == d_model else nn.Linear(d_model, dim, bias=False)
+            for dim in self.output_dimensions
         )
         if device is not None or dtype is not None:
             self.to(device=device, dtype=dtype)
@@ -598,7 +654,11 @@ def split_fused_attention(state: dict[str, torch.Tensor], expected: dict[str, to
     """Split fused `in_proj_weight` / `out_proj.weight` (as both references' loaders read
     released checkpoints) into our per-step keys, whatever the number of steps stored (the
     attention module's own load hook assumes all of them). In place; for the LM and Mimi."""
-    fused_names = {"in_proj_weight": "in_projs", "in_proj.weight": "in_projs", "out_proj.weight": "out_projs"}
+    fused_names = {
+        "in_proj_weight": "in_projs",
+        "in_proj.weight": "in_projs",
+        "out_proj.weight": "out_projs",
+    }
     for key in list(state):
         for fused, split in fused_names.items():
             if not key.endswith("." + fused):

@@ -14,15 +14,18 @@ import tempfile
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pyloudnorm
 import sphn
 import torch
-from torch import nn
 
 from agent.plugins.base import PluginError
 from agent.plugins.personaplex import streaming
+
+if TYPE_CHECKING:
+    from agent.plugins.personaplex.mimi import MimiModel
 
 TARGET_LUFS = -24.0
 MAX_VOICE_SECONDS = 60.0  # the released voice prompts are a few seconds long
@@ -102,10 +105,10 @@ def read_voice_audio(source: Path | bytes, sample_rate: int,
 
 
 @torch.no_grad()
-def encode_voice(mimi: nn.Module, audio: np.ndarray, codebooks: int) -> torch.Tensor:
+def encode_voice(mimi: MimiModel, audio: np.ndarray, codebooks: int) -> torch.Tensor:
     """Mimi codes [frames, codebooks] of `audio`, one frame at a time from a fresh state.
     `mimi` must be a copy no other thread streams through (see prompt.detached_copy)."""
-    frame_size = int(mimi.frame_size)  # type: ignore[arg-type]
+    frame_size = int(mimi.frame_size)
     frames = -(-len(audio) // frame_size)
     padded = np.zeros(frames * frame_size, dtype=np.float32)
     padded[: len(audio)] = audio

@@ -1,10 +1,10 @@
 """One call's websocket to a remote engine, split across the two threads that use it.
 
 Event loop side (`LinkSocket`): connect, handshake, a reader task that files what arrives
-into the `LinkInbox`, a writer task that sends queued input frames. Ticker side (`exchange`, once per frame): encode
-the caller's frame and hand it to the loop with `call_soon_threadsafe`, decode whatever
-arrived, and return one exact output frame (silence when nothing is there yet). Nothing on the
-ticker side ever waits on the network.
+into the `LinkInbox`, a writer task that sends queued input frames. Ticker side (`exchange`,
+once per frame): encode the caller's frame and hand it to the loop with
+`call_soon_threadsafe`, decode whatever arrived, and return one exact output frame (silence
+when nothing is there yet). Nothing on the ticker side ever waits on the network.
 
 Protocol subclasses implement the `connect_url`/`handshake`/`on_message` (loop) and
 `encode_input`/`decode_audio` (ticker thread) hooks.
@@ -26,7 +26,13 @@ from agent.plugins.remote.inbox import LinkInbox
 from agent.plugins.remote.latency import LinkLatency
 from agent.plugins.remote.link_socket import LinkSocket
 from agent.plugins.remote.link_types import (
-    LinkRequest, LinkSettings, Outgoing, Payload, PoolEffect, UpstreamError, protocol_error,
+    LinkRequest,
+    LinkSettings,
+    Outgoing,
+    Payload,
+    PoolEffect,
+    UpstreamError,
+    protocol_error,
 )
 from agent.plugins.remote.pool import Lease
 from agent.plugins.remote.reframe import Reframer
@@ -85,7 +91,10 @@ class UpstreamLink(abc.ABC):
         """One received audio payload → float32 mono samples at the plugin rate (ticker)."""
 
     async def goodbye(self, ws: aiohttp.ClientWebSocketResponse) -> None:
-        """Say the session is over before the socket closes (loop)."""
+        """Say the session is over before the socket closes (loop).
+
+        An optional hook: a protocol with no goodbye message sends nothing."""
+        return None
 
     def handshake_timed_out(self) -> UpstreamError:
         """What a session that never opened says about the server: in trouble, by default."""
@@ -166,7 +175,8 @@ class UpstreamLink(abc.ABC):
             self._fail_from_ticker(exc)
         except Exception as exc:
             log.exception("upstream %s: exchange failed", self.label)
-            self._fail_from_ticker(UpstreamError("upstream_failed", f"the remote session failed: {exc}"))
+            self._fail_from_ticker(UpstreamError("upstream_failed",
+                                                 f"the remote session failed: {exc}"))
         if self.failure is not None:
             if self._failure_reported:
                 return StepOutput(audio=self.silence)

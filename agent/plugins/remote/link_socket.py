@@ -56,7 +56,8 @@ class LinkSocket:
         self._outgoing_ready = asyncio.Event()
         self._tasks: set[asyncio.Task[Any]] = set()
 
-    async def connect(self, http: aiohttp.ClientSession, url: str) -> aiohttp.ClientWebSocketResponse:
+    async def connect(self, http: aiohttp.ClientSession,
+                      url: str) -> aiohttp.ClientWebSocketResponse:
         """Open the websocket; raise UpstreamError (the server is failing) when it cannot."""
         try:
             self.ws = await asyncio.wait_for(

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import logging
 import re
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import aiohttp
 import numpy as np
@@ -37,6 +37,9 @@ from agent.plugins.base import PluginError, PluginFlag, PluginOptions, SessionCo
 from agent.plugins.moshi_defaults import DEFAULT_PERSONA, DEFAULT_VOICE
 from agent.plugins.remote.link import LinkRequest, UpstreamError, UpstreamLink, protocol_error
 from agent.plugins.remote.plugin import RemotePlugin
+
+if TYPE_CHECKING:
+    from typing import Self  # Python 3.11+; a typing-only name (requires-python is 3.10)
 
 log = logging.getLogger(__name__)
 
@@ -141,7 +144,7 @@ class MoshiServerPlugin(RemotePlugin):
     default_capacity = 1  # the reference server holds one conversation per process
     # Each worker would count that one seat as its own: keep every call in one process.
     runs_per_worker = False
-    upstream_kind: ClassVar[str] = "personaplex"
+    upstream_kind: str = "personaplex"  # this instance's --upstream-kind
     flags: ClassVar[tuple[PluginFlag, ...]] = (*RemotePlugin.flags, PluginFlag(
         "--upstream-kind", "which reference server the --upstream URLs are: personaplex "
         "(NVIDIA's) always gets a voice and a persona (the caller's, else the defaults); "
@@ -149,13 +152,13 @@ class MoshiServerPlugin(RemotePlugin):
         choices=UPSTREAM_KINDS))
 
     @classmethod
-    def from_options(cls, options: PluginOptions) -> RemotePlugin:
+    def from_options(cls, options: PluginOptions) -> Self:
         kind = str(options.extra.get("upstream_kind") or "personaplex")
         if kind not in UPSTREAM_KINDS:
             raise PluginError("invalid_option", f"--upstream-kind must be one of "
                               f"{', '.join(UPSTREAM_KINDS)}", status=500)
         plugin = super().from_options(options)
-        plugin.upstream_kind = kind  # type: ignore[misc]
+        plugin.upstream_kind = kind
         if kind == "kyutai":
             log.warning("moshi-server: Kyutai's server has no voice or persona prompt; callers' "
                         "voice and instructions are ignored")

@@ -13,14 +13,13 @@ import asyncio
 import logging
 from collections.abc import Sequence
 from dataclasses import replace
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import aiohttp
 import numpy as np
 
 from agent.logs.log_safe import printable
 from agent.plugins.base import (
-    check_extra_body,
     Capabilities,
     Plugin,
     PluginError,
@@ -30,10 +29,14 @@ from agent.plugins.base import (
     RuntimeConfig,
     SessionConfig,
     StepOutput,
+    check_extra_body,
 )
 from agent.plugins.remote.link import LinkRequest, LinkSettings, UpstreamError, UpstreamLink
 from agent.plugins.remote.parked import ParkedLinks
 from agent.plugins.remote.pool import WARMUP_SECONDS, UpstreamPool
+
+if TYPE_CHECKING:
+    from typing import Self  # Python 3.11+; a typing-only name (requires-python is 3.10)
 
 log = logging.getLogger(__name__)
 
@@ -99,7 +102,7 @@ class RemotePlugin(Plugin):
         self._closers: set[asyncio.Task[None]] = set()
 
     @classmethod
-    def from_options(cls, options: PluginOptions) -> RemotePlugin:
+    def from_options(cls, options: PluginOptions) -> Self:
         capacity = options.extra.get("upstream_capacity")
         defaults = LinkSettings()
         settings = replace(

@@ -68,8 +68,10 @@ class Upstream:
                               else round(now - self.warming_since, 3)),
             "failures": self.failures,
             "failures_total": self.failures_total,
-            "rtt_seconds": {"buckets": dict(zip(map(str, RTT_BUCKETS), self.rtt_counts)),
-                            "sum": round(self.rtt_sum, 6)},
+            "rtt_seconds": {
+                "buckets": dict(zip(map(str, RTT_BUCKETS), self.rtt_counts, strict=True)),
+                "sum": round(self.rtt_sum, 6),
+            },
             "retry_in_s": round(max(0.0, self.skip_until - now), 3),
             "last_error": redact_text(self.last_error) if self.last_error else None,
         }
@@ -151,7 +153,8 @@ class UpstreamPool:
         now = self.clock()
         full = [
             u for u in self.upstreams
-            if (now >= u.skip_until and not u.has_room()) or (u.failures == 0 and u.skip_until > now)
+            if (now >= u.skip_until and not u.has_room())
+            or (u.failures == 0 and u.skip_until > now)
         ]
         if any(u.warming_since is not None for u in self.upstreams):
             return PluginError(

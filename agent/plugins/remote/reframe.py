@@ -6,7 +6,6 @@ from collections import deque
 
 import numpy as np
 
-
 # Ticks in a row that end with a whole frame still waiting before one frame is dropped.
 BACKLOG_PATIENCE_TICKS = 12
 
