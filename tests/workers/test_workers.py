@@ -539,3 +539,26 @@ async def test_the_worker_mark_counts_only_on_a_workers_private_socket(
             async with http.delete(f"{workers.url}/v1/telephony/rtp/{call_id}",
                                    headers={FORWARDED_HEADER: "0"}) as response:
                 assert response.status in (200, 204), await response.text()
+
+
+async def test_an_existing_worker_dir_keeps_its_mode_and_loses_only_the_workers_files(
+        tmp_path: Path) -> None:
+    """`--worker-dir` naming a folder that exists (it could be /tmp): its mode is left as it
+    was, what the workers make in it is private to this user (0600), and at stop exactly
+    that is removed; a file of someone else's in the folder stays."""
+    import stat
+    folder = tmp_path / "shared"
+    folder.mkdir()
+    os.chmod(folder, 0o755)
+    keep = folder / "someone-elses.txt"
+    keep.write_text("not ours")
+    async with two_workers(folder) as group:
+        assert stat.S_IMODE(folder.stat().st_mode) == 0o755
+        made = sorted(path.name for path in folder.iterdir() if path != keep)
+        assert {"worker-0.sock", "worker-1.sock", "handoff-0.sock", "loads"} <= set(made), made
+        for name in made:
+            assert stat.S_IMODE((folder / name).stat().st_mode) & 0o077 == 0, name
+        group.process.send_signal(signal.SIGINT)
+        assert await asyncio.wait_for(group.process.wait(), 30) == 0
+    assert stat.S_IMODE(folder.stat().st_mode) == 0o755
+    assert [path.name for path in folder.iterdir()] == [keep.name]
