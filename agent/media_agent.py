@@ -21,6 +21,8 @@ from agent.leg_registry import LegRegistry
 from agent.metrics import AgentMetrics
 from agent.plugins.base import Plugin, PluginError, SessionConfig
 from agent.rtc_tuning import AUDIO_CODECS, accept_rsa_dtls_peers, missing_internals
+from agent.rtc_tuning.advertise import advertise_in_sdp
+from agent.rtc_tuning.port_range import PortRange, RtcPortsExhausted
 from agent.rtc_tuning.sctp_limit import limit_data_channel_messages
 from agent.ticker import Ticker
 from agent.webrtc.encoding import OPUS_COMPLEXITY
@@ -64,12 +66,16 @@ class AgentSettings:
     opus_complexity: int = OPUS_COMPLEXITY  # --opus-complexity: encoder CPU against quality
     inline_decoding: bool = True
     call: CallSettings = field(default_factory=CallSettings)
+    # --rtc-ports (applied process-wide by rtc_tuning.port_range; kept here to be shown)
+    rtc_ports: PortRange | None = None
+    rtc_advertise: tuple[str, ...] = ()  # --rtc-advertise
 
     @property
     def webrtc(self) -> WebRtcSettings:
         """What the WebRTC transport takes, read from the fields above when a call is set up."""
         return WebRtcSettings(
             ice_servers=tuple(self.ice_servers),
+            advertise=tuple(self.rtc_advertise),
             jitter_prefetch_packets=self.jitter_prefetch_packets,
             codecs=tuple(self.codecs),
             inline_encoding=self.inline_encoding,
@@ -177,13 +183,15 @@ class MediaAgent:
                 raise
             await call.open_plugin_slot(prepared)
             answer = await pc.createAnswer()
-            await pc.setLocalDescription(answer)
-        except BaseException:
+            await pc.setLocalDescription(answer)  # gathers: binds the host candidates' ports
+        except BaseException as exc:
+            if isinstance(exc, RtcPortsExhausted):
+                self.metrics.refused(exc.code)
             await call.close("setup_failed")
             raise
         self.legs.add(call)
         call.start_watchdog()
-        return call, pc.localDescription.sdp
+        return call, advertise_in_sdp(pc.localDescription.sdp, webrtc.advertise)
 
     def _leg_started(self, leg: Leg) -> None:
         self.metrics.call_started(leg.transport)

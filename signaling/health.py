@@ -8,12 +8,14 @@ from aiohttp import web
 
 from signaling.auth import principal_of
 from signaling.calls import RESOURCES_KEY
+from signaling.ice import rtc_network
 from signaling.keys import AGENT_KEY
 
 
 async def get_health(request: web.Request) -> web.Response:
-    return web.json_response({"status": "ok", "pid": os.getpid(),
-                              **request.app[AGENT_KEY].health()})
+    agent = request.app[AGENT_KEY]
+    return web.json_response({"status": "ok", "pid": os.getpid(), **agent.health(),
+                              "rtc": rtc_network(agent.settings)})
 
 
 async def get_live(request: web.Request) -> web.Response:

@@ -1,4 +1,5 @@
-"""ICE servers: the `--ice-server` flags, `Link` headers (RFC 9725) and `GET /v1/realtime/config`.
+"""ICE servers: the `--ice-server` flags, `Link` headers (RFC 9725) and `GET /v1/realtime/config`;
+the agent's own ICE ports and advertised addresses (`--rtc-ports`, `--rtc-advertise`).
 
 The same list configures the agent's own peer connections (so it gathers srflx/relay
 candidates) and is advertised to callers; aiortc itself uses the first STUN and the first
@@ -16,6 +17,9 @@ from aiohttp import web
 from aiortc import RTCIceServer
 from aiortc.rtcicetransport import parse_stun_turn_uri
 
+from agent.media_agent import AgentSettings
+from agent.rtc_tuning.advertise import parse_advertised
+from agent.rtc_tuning.port_range import PortRange, parse_port_range
 from signaling.keys import AGENT_KEY
 
 ICE_SCHEMES = ("stun:", "stuns:", "turn:", "turns:")
@@ -68,11 +72,20 @@ def browser_ice_servers(servers: Sequence[RTCIceServer]) -> list[dict[str, Any]]
     return result
 
 
+def rtc_network(settings: AgentSettings) -> dict[str, Any]:
+    """The agent's host candidates as callers see them: the UDP port range they are bound in
+    (None: any port) and the addresses advertised in their place (empty: the bound ones)."""
+    ports = settings.rtc_ports
+    return {"ports": None if ports is None else str(ports),
+            "advertise": list(settings.rtc_advertise)}
+
+
 async def get_config(request: web.Request) -> web.Response:
     agent = request.app[AGENT_KEY]
     capabilities = agent.plugin.capabilities()
     return web.json_response({
         "ice_servers": browser_ice_servers(agent.settings.ice_servers),
+        "rtc": rtc_network(agent.settings),
         "calls_url": "/v1/realtime/calls",
         "data_channel": "oai-events",
         "plugin": agent.plugin.id,
@@ -133,6 +146,30 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--ice-credential", action=_IceCredentialAction,
                        field_name="credential", metavar="C",
                        help="TURN password for the preceding --ice-server")
+    group.add_argument(
+        "--rtc-ports", default=None, metavar="LOW-HIGH",
+        help="bind the agent's ICE host candidates only to UDP ports in this range, to open "
+        "in a firewall or security group; it needs one port per host address (--ice-host) "
+        "per call, so at least --max-sessions x addresses (a start-up error otherwise); a "
+        "call finding every port taken is refused 503 rtc_ports_exhausted "
+        "(default: any port)")
+    group.add_argument(
+        "--rtc-advertise", action="append", default=[], metavar="ADDR",
+        help="1:1 NAT: put this public address in the answer's host candidates and c= lines "
+        "in place of the bound private one (repeatable, one IPv4 and one IPv6; every host "
+        "candidate of that family is advertised so: pick the private one with --ice-host; "
+        "default: the bound addresses)")
+
+
+def rtc_ports_from_args(args: argparse.Namespace) -> PortRange | None:
+    """`--rtc-ports` checked (ValueError says what is wrong)."""
+    text = getattr(args, "rtc_ports", None)
+    return None if text is None else parse_port_range(text)
+
+
+def rtc_advertise_from_args(args: argparse.Namespace) -> tuple[str, ...]:
+    """`--rtc-advertise` checked (ValueError says what is wrong)."""
+    return parse_advertised(getattr(args, "rtc_advertise", None) or [])
 
 
 def ice_servers_from_args(args: argparse.Namespace) -> list[RTCIceServer]:

@@ -1,7 +1,8 @@
 """What the WebRTC transport takes from the agent's settings (`AgentSettings.webrtc`).
 
-ICE servers for the peer connection, the codecs it accepts, aiortc's receive jitter buffer,
-and whether Opus/G.711 are encoded and decoded inline on the event loop.
+ICE servers for the peer connection, the addresses its answer advertises, the codecs it
+accepts, aiortc's receive jitter buffer, and whether Opus/G.711 are encoded and decoded
+inline on the event loop.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from agent.webrtc.encoding import OPUS_COMPLEXITY
 @dataclass(frozen=True)
 class WebRtcSettings:
     ice_servers: tuple[RTCIceServer, ...] = ()
+    advertise: tuple[str, ...] = ()  # --rtc-advertise: host candidates' public addresses
     jitter_prefetch_packets: int = 1  # --jitter-buffer: 0 releases each packet on arrival
     codecs: tuple[str, ...] = AUDIO_CODECS  # every codec aiortc negotiates, Opus first
     inline_encoding: bool = True
