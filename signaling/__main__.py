@@ -26,6 +26,12 @@ from agent.media_agent import AgentSettings, MediaAgent
 from agent.plugins.base import PluginOptions
 from agent.plugins.registry import available_plugins, load_plugin, plugin_class
 from agent.rtc_tuning import AUDIO_CODECS, limit_host_addresses, parse_codec_list
+from agent.rtc_tuning.port_range import (
+    PortRange,
+    host_address_count,
+    limit_host_ports,
+    ports_needed,
+)
 from agent.webrtc.encoding import OPUS_COMPLEXITY, OPUS_COMPLEXITY_RANGE
 from signaling import (
     address_limit,
@@ -210,6 +216,8 @@ def settings_from_args(args: argparse.Namespace, workers: int = 1) -> AgentSetti
     total_calls = default_max_sessions() if args.max_sessions is None else args.max_sessions
     return AgentSettings(
         ice_servers=ice.ice_servers_from_args(args),
+        rtc_ports=ice.rtc_ports_from_args(args),
+        rtc_advertise=ice.rtc_advertise_from_args(args),
         jitter_prefetch_packets=max(0, args.jitter_buffer),
         codecs=tuple(args.codecs),
         opus_complexity=args.opus_complexity,
@@ -240,6 +248,33 @@ def tls_context_from_args(args: argparse.Namespace) -> ssl.SSLContext | None:
     except (OSError, ssl.SSLError) as exc:
         raise ValueError(f"cannot load {args.tls_cert} / {args.tls_key}: {exc}") from None
     return context
+
+
+def check_rtc_flags(args: argparse.Namespace) -> PortRange | None:
+    """`--rtc-ports` and `--rtc-advertise` checked before anything starts (exits 2 with one
+    coded line); the range, which the caller applies where the calls run."""
+    try:
+        ice.rtc_advertise_from_args(args)
+    except ValueError as exc:
+        exit_with_error("rtc_advertise_invalid", f"--rtc-advertise {exc}")
+    try:
+        ports = ice.rtc_ports_from_args(args)
+    except ValueError as exc:
+        exit_with_error("rtc_ports_invalid", f"--rtc-ports {exc}")
+    if ports is None:
+        return None
+    if args.ice_host:
+        limit_host_addresses(args.ice_host)
+    addresses = host_address_count()
+    calls = default_max_sessions() if args.max_sessions is None else args.max_sessions
+    needed = ports_needed(calls, addresses)
+    if calls and ports.size < needed:
+        exit_with_error("rtc_ports_too_few",
+                        f"--rtc-ports {ports} holds {ports.size} ports; {calls} calls "
+                        f"(--max-sessions) on {addresses} host address(es) need {needed} "
+                        "(one per address per call): widen the range, lower --max-sessions "
+                        "or gather on fewer addresses (--ice-host)")
+    return ports
 
 
 def plugin_options_from_args(args: argparse.Namespace) -> PluginOptions:
@@ -311,6 +346,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         ssl_context = tls_context_from_args(args)
     except ValueError as exc:
         exit_with_error("tls_invalid", f"tls: {exc}", cause=exc)
+    rtc_ports = check_rtc_flags(args)
     try:
         plugin = load_plugin(args.plugin, plugin_options_from_args(args))
     except AgentError as exc:
@@ -320,6 +356,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                               args.host, args.port, args.worker_dir)
     if args.ice_host:
         limit_host_addresses(args.ice_host)
+    if rtc_ports is not None and not limit_host_ports(rtc_ports):
+        exit_with_error("rtc_ports_unsupported", "--rtc-ports: the installed aioice no longer "
+                        "binds host candidates where agent/rtc_tuning/port_range.py expects")
     agent = MediaAgent(plugin, settings_from_args(args, workers))
     auth_settings = auth.settings_from_args(args)
     app = create_app(agent, auth=auth_settings, cors_origins=cors.origins_from_args(args),

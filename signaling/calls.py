@@ -22,10 +22,12 @@ from agent.media_agent import MediaAgent
 from agent.plugins.base import SessionConfig
 from agent.realtime import client_json
 from agent.realtime.session_config import session_config_from_realtime
+from agent.telephony.dtmf_sender import check_digits
+from agent.telephony.rtp_leg import RtpLeg
 from agent.webrtc.sdp import MAX_SDP_BYTES
 from agent.webrtc.trickle import apply_sdpfrag, parse_sdpfrag
 from signaling.auth import Principal, principal_of, secret_session
-from signaling.errors import ApiError
+from signaling.errors import ApiError, read_json_object
 from signaling.ice import link_headers
 from signaling.keys import AGENT_KEY
 
@@ -265,6 +267,27 @@ async def patch_call(request: web.Request) -> web.Response:
     return web.Response(status=204, headers={"ETag": resource.etag})
 
 
+async def post_dtmf(request: web.Request) -> web.Response:
+    """`{"digits": "12#"}`: RFC 4733 telephone-events on an RTP or SIP leg's own stream."""
+    resource = request.app[RESOURCES_KEY].lookup(
+        request.match_info["call_id"], principal_of(request)
+    )
+    body = await read_json_object(request)
+    try:
+        digits = check_digits(body.get("digits"))
+    except ValueError as exc:
+        raise ApiError("invalid_value", str(exc), param="digits") from None
+    leg = request.app[AGENT_KEY].legs.get(resource.call_id)
+    if leg is None:
+        raise ApiError("call_not_found", "no such call", param="call_id", status=404)
+    if not isinstance(leg, RtpLeg):
+        raise ApiError("dtmf_not_negotiated", "DTMF is sent on RTP and SIP calls only",
+                       status=409)
+    leg.send_dtmf(digits)  # CallError 409: no telephone-event, no remote, too many waiting
+    return web.json_response({"id": leg.id, "object": "realtime.call.dtmf", "digits": digits,
+                              "queued": leg.dtmf_out.pending})
+
+
 def add_routes(app: web.Application) -> None:
     app[RESOURCES_KEY] = CallResources(app[AGENT_KEY])
     app.router.add_post(CALLS_PATH, post_call)
@@ -272,3 +295,4 @@ def add_routes(app: web.Application) -> None:
     app.router.add_delete(CALLS_PATH + "/{call_id}", delete_call)
     app.router.add_patch(CALLS_PATH + "/{call_id}", patch_call)
     app.router.add_post(CALLS_PATH + "/{call_id}/hangup", hangup_call)
+    app.router.add_post(CALLS_PATH + "/{call_id}/dtmf", post_dtmf)

@@ -47,8 +47,10 @@ class TelephonyLeg(Leg):
     id_prefix: ClassVar[str] = "telephony"  # the leg id's prefix, and the stats' `kind`
 
     def __init__(self, agent: MediaAgent, codec: NarrowbandCodec,
-                 settings: CallSettings | None = None) -> None:
-        super().__init__(f"{self.id_prefix}_{tagged_token(ID_TOKEN_BYTES)}", agent.plugin,
+                 settings: CallSettings | None = None, leg_id: str | None = None) -> None:
+        # leg_id: an id handed out before the leg existed (a SIP call's), else a fresh one.
+        super().__init__(leg_id or f"{self.id_prefix}_{tagged_token(ID_TOKEN_BYTES)}",
+                         agent.plugin,
                          agent.ticker, settings or agent.settings.call, agent.legs.discard)
         self.codec = codec
         self.dtmf_budget = TokenBucket(DTMF_RATE, DTMF_BURST)

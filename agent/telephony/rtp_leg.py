@@ -37,6 +37,7 @@ from agent.leg import prepare_config
 from agent.plugins.base import SessionConfig
 from agent.telephony.address_policy import DEFAULT_ALLOWED_NETWORKS, IPNetwork, refusal_for
 from agent.telephony.codec import CODECS, NarrowbandCodec, codec_by_name
+from agent.telephony.dtmf_sender import DtmfSender
 from agent.telephony.leg import SEND_ERRORS, TelephonyLeg
 from agent.telephony.rtp_jitter import Concealer, InboundTicks, JitterBuffer
 from agent.telephony.telephone_event import DEFAULT_PAYLOAD_TYPE as DEFAULT_DTMF_PAYLOAD_TYPE
@@ -148,8 +149,9 @@ class RtpLeg(TelephonyLeg):
     def __init__(self, agent: MediaAgent, codec: NarrowbandCodec,
                  socket: asyncio.DatagramTransport, local: Address, remote: Address | None,
                  rtp: RtpSettings, settings: CallSettings | None = None,
-                 dtmf_payload_type: int | None = DEFAULT_DTMF_PAYLOAD_TYPE) -> None:
-        super().__init__(agent, codec, settings)
+                 dtmf_payload_type: int | None = DEFAULT_DTMF_PAYLOAD_TYPE,
+                 leg_id: str | None = None) -> None:
+        super().__init__(agent, codec, settings, leg_id)
         self.socket = socket
         self.local = local
         self.remote = remote
@@ -171,6 +173,7 @@ class RtpLeg(TelephonyLeg):
         self.packets_sent = 0
         self.dtmf_payload_type = dtmf_payload_type
         self.telephone_events = TelephoneEventDetector()
+        self.dtmf_out = DtmfSender(codec.samples_per_chunk, codec.sample_rate)
         self._payload_type = (
             codec.payload_type if codec.payload_type is not None else DEFAULT_DYNAMIC_PAYLOAD_TYPE
         )
@@ -284,19 +287,45 @@ class RtpLeg(TelephonyLeg):
         self._play_one()  # the inbound side runs on the same 20 ms clock
         if self.remote is None:
             return  # latching: nowhere to send until the remote speaks first
-        packet = RtpPacket(
-            payload_type=self._payload_type,
-            marker=1 if self._first_packet else 0,
-            sequence_number=self._sequence,
-            timestamp=self._timestamp,
-            ssrc=self._ssrc,
-            payload=payload,
-        )
-        self._first_packet = False
+        event = self.dtmf_out.next_packet(self._timestamp) if self.dtmf_out.busy else None
+        if event is not None and self.dtmf_payload_type is not None:
+            packet = RtpPacket(  # a digit being sent takes this tick's place (RFC 4733)
+                payload_type=self.dtmf_payload_type,
+                marker=1 if event.marker else 0,
+                sequence_number=self._sequence,
+                timestamp=event.timestamp,
+                ssrc=self._ssrc,
+                payload=event.payload,
+            )
+        else:
+            packet = RtpPacket(
+                payload_type=self._payload_type,
+                marker=1 if self._first_packet else 0,
+                sequence_number=self._sequence,
+                timestamp=self._timestamp,
+                ssrc=self._ssrc,
+                payload=payload,
+            )
+            self._first_packet = False
         self._sequence = (self._sequence + 1) & 0xFFFF
         self._timestamp = (self._timestamp + self.codec.samples_per_chunk) & 0xFFFFFFFF
         self.socket.sendto(packet.serialize(), self.remote)
         self.packets_sent += 1
+
+    def send_dtmf(self, digits: str) -> None:
+        """Queue keypad digits (checked by dtmf_sender.check_digits) to be sent as RFC 4733
+        telephone-events on this leg's stream. CallError: no telephone-event payload type
+        (409 dtmf_not_negotiated), no remote yet, or too many digits waiting."""
+        if self.dtmf_payload_type is None:
+            raise CallError("dtmf_not_negotiated", "this call has no telephone-event payload "
+                            "type to send DTMF with", status=409)
+        if self.remote is None:
+            raise CallError("remote_unknown", "this leg has not heard its remote yet: "
+                            "nowhere to send DTMF", status=409)
+        try:
+            self.dtmf_out.add(digits)
+        except ValueError as exc:
+            raise CallError("dtmf_queue_full", str(exc), status=409) from None
 
     def _ms(self, samples: int | None) -> float | None:
         return None if samples is None else round(1000 * samples / self.codec.sample_rate, 3)
@@ -328,6 +357,7 @@ class RtpLeg(TelephonyLeg):
             "packets_refused": self.packets_refused,
             "dtmf_payload_type": self.dtmf_payload_type,
             "telephone_event_packets": self.telephone_events.packets,
+            "dtmf_sent": self.dtmf_out.sent,
             "remote_source": format_host_port(*self.remote_source) if self.remote_source else None,
             "packet_ms": self._ms(self.inbound.packet_samples),
             "packet_ms_seen": sorted(self._ms(n) for n in self.inbound.packet_sizes_seen),

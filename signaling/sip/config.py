@@ -4,13 +4,19 @@ from __future__ import annotations
 
 import argparse
 import ipaddress
+import os
 from dataclasses import dataclass, field
+from urllib.parse import urlsplit
+
+from standardwebhooks import Webhook
 
 from agent.telephony.address_policy import DEFAULT_RTP_ALLOW, IPNetwork, parse_networks
 from signaling.sip.message import MAX_MESSAGE_BYTES
 from signaling.sip.timers import TimerSettings
 
 WILDCARDS = ("0.0.0.0", "::")
+WEBHOOK_SECRET_ENV = "AGENT_WEBHOOK_SECRET"
+DEFAULT_ACCEPT_TIMEOUT = 10.0
 
 
 @dataclass(frozen=True)
@@ -23,6 +29,10 @@ class SipConfig:
     ring_seconds: float = 0.0  # between 180 Ringing and the 200 OK
     timers: TimerSettings = field(default_factory=TimerSettings)
     max_message_bytes: int = MAX_MESSAGE_BYTES
+    # With a webhook, an INVITE waits (ringing) for POST .../accept or .../reject.
+    webhook_url: str | None = None
+    webhook_secret: str | None = field(default=None, repr=False)  # whsec_...
+    accept_timeout: float = DEFAULT_ACCEPT_TIMEOUT  # no answer by then: 480
 
     @property
     def advertised_host(self) -> str:
@@ -63,6 +73,33 @@ def _seconds(text: str) -> float:
     return value
 
 
+def _accept_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0.1 <= value <= 300:
+        raise argparse.ArgumentTypeError(f"expected 0.1 to 300 seconds, not {text!r}")
+    return value
+
+
+def _webhook_url(text: str) -> str:
+    parts = urlsplit(text)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise argparse.ArgumentTypeError(f"expected an http(s) URL, not {text!r}")
+    return text
+
+
+def check_webhook_secret(secret: str) -> str:
+    """A Standard Webhooks secret (`whsec_` + base64); ValueError otherwise."""
+    try:
+        Webhook(secret)
+    except Exception:
+        raise ValueError("the webhook secret must be a Standard Webhooks secret: 'whsec_' "
+                         "followed by base64") from None
+    return secret
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("SIP (docs/sip.md)")
     group.add_argument("--sip-listen", type=parse_listen, default=None, metavar="HOST:PORT",
@@ -78,6 +115,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        f"default {' '.join(DEFAULT_RTP_ALLOW)})")
     group.add_argument("--sip-ring-seconds", type=_seconds, default=0.0, metavar="S",
                        help="ring S seconds (180 Ringing) before answering (default 0)")
+    group.add_argument("--sip-webhook", type=_webhook_url, default=None, metavar="URL",
+                       help="POST realtime.call.incoming here for each INVITE and wait for "
+                       "POST /v1/realtime/calls/{call_id}/accept or /reject (default: "
+                       "calls are accepted at once)")
+    group.add_argument("--webhook-secret", default=None, metavar="WHSEC",
+                       help="Standard Webhooks secret (whsec_...) signing the webhooks "
+                       f"(default: ${WEBHOOK_SECRET_ENV}; prefer the environment)")
+    group.add_argument("--sip-accept-timeout", type=_accept_seconds,
+                       default=DEFAULT_ACCEPT_TIMEOUT, metavar="S",
+                       help="with --sip-webhook, answer 480 when no accept or reject came "
+                       f"within S seconds (default {DEFAULT_ACCEPT_TIMEOUT:g})")
 
 
 def config_from_args(args: argparse.Namespace) -> SipConfig | None:
@@ -88,8 +136,15 @@ def config_from_args(args: argparse.Namespace) -> SipConfig | None:
     if host in WILDCARDS and not args.sip_advertise:
         raise ValueError(f"--sip-listen {host} needs --sip-advertise: the address callers "
                          "reach this host at, put in Via and Contact")
+    secret = args.webhook_secret or os.environ.get(WEBHOOK_SECRET_ENV) or None
+    if args.sip_webhook and secret is None:
+        raise ValueError(f"--sip-webhook needs a signing secret: set {WEBHOOK_SECRET_ENV} "
+                         "(or --webhook-secret) to a whsec_... secret")
+    if secret is not None:
+        check_webhook_secret(secret)
     return SipConfig(
         listen_host=host, listen_port=port, advertise=args.sip_advertise,
         allowed_networks=parse_networks(args.sip_allow or DEFAULT_RTP_ALLOW),
-        ring_seconds=args.sip_ring_seconds,
+        ring_seconds=args.sip_ring_seconds, webhook_url=args.sip_webhook,
+        webhook_secret=secret, accept_timeout=args.sip_accept_timeout,
     )

@@ -113,23 +113,25 @@ async def _bind(settings: RtpSettings) -> tuple[asyncio.DatagramTransport, _SipR
 
 
 async def open_sip_leg(agent: MediaAgent, choice: AudioChoice, settings: RtpSettings,
-                       sip_call_id: str, on_closed: LegClosed) -> SipRtpLeg:
-    """Admit, bind, open the plugin session (the server's default session) and start
-    sending. Raises CallError (full, draining, no port) or PluginError."""
+                       sip_call_id: str, on_closed: LegClosed, *, leg_id: str | None = None,
+                       session: SessionConfig | None = None,
+                       owner: Principal = SIP_OWNER) -> SipRtpLeg:
+    """Admit, bind, open the plugin session (`session`, else the server's default) and
+    start sending. Raises CallError (full, draining, no port) or PluginError."""
     remote: Address | None = choice.remote
     if remote is not None:
         check_remote(remote[0], settings)
     with agent.admit():
         transport, protocol, port = await _bind(settings)
         leg = SipRtpLeg(agent, choice.codec, transport, (settings.local_host, port), remote,
-                        settings, dtmf_payload_type=choice.dtmf_payload_type)
+                        settings, dtmf_payload_type=choice.dtmf_payload_type, leg_id=leg_id)
     protocol.leg = leg
     leg._protocol = protocol
-    leg.owner = SIP_OWNER
+    leg.owner = owner
     leg.sip_call_id = sip_call_id
     leg.apply(choice, choice.answer_direction)
     try:
-        await leg.open_plugin_slot(await prepare_config(leg.plugin, SessionConfig()))
+        await leg.open_plugin_slot(await prepare_config(leg.plugin, session or SessionConfig()))
     except BaseException:
         await leg.close("setup_failed")
         raise

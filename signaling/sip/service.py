@@ -17,6 +17,7 @@ from aiohttp import web
 
 from agent.cli_errors import CliError, exit_with_error
 from signaling.keys import AGENT_KEY
+from signaling.sip.api import install_routes
 from signaling.sip.config import SipConfig, config_from_args
 from signaling.sip.ua import UserAgent
 from signaling.telephony import TELEPHONY_KEY, TelephonyConfig
@@ -60,6 +61,7 @@ def install(app: web.Application, config: SipConfig) -> SipService:
 
     app.cleanup_ctx.append(lifetime)
     app.router.add_get(STATS_PATH, get_stats)
+    install_routes(app, lambda app: app[SIP_SERVICE_KEY].ua)  # accept/reject (--sip-webhook)
     return service
 
 

@@ -8,7 +8,10 @@ dropped), a retransmission is absorbed by its transaction (transaction.py). Then
   full; 415/488 for an offer the agent cannot serve (no SDP, no PCMU/PCMA, a media address
   outside `--rtp-allow`); otherwise 180 Ringing, an RTP leg opened through the media agent's
   admission (media.py), and 200 OK with the SDP answer, retransmitted (T1 doubling to T2)
-  until the ACK. No ACK within 64*T1: the call is ended with a BYE.
+  until the ACK. No ACK within 64*T1: the call is ended with a BYE. With `--sip-webhook`,
+  between the 180 and the leg: `realtime.call.incoming` posted (a task of the call's), and
+  the call rings until the application's accept (api.py: the leg opens with its session)
+  or reject (that status), or 480 after `--sip-accept-timeout`.
 - CANCEL before the answer: 200, then 487 to the INVITE, and the pending call is freed.
 - re-INVITE: hold/resume and a moved remote (200 with the mirrored direction), 488 for an
   unusable offer (the call goes on), 491 while an offer/answer is still open.
@@ -26,21 +29,30 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
+import json
 import logging
+import secrets
 import socket
 import time
 from collections import Counter, deque
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 
-from agent.errors import AgentError
+import aiohttp
+from standardwebhooks import Webhook
+
+from agent.errors import AgentError, CallError
 from agent.logs.log_safe import LogThrottle, held_back_note, printable
 from agent.media_agent import MediaAgent
+from agent.plugins.base import SessionConfig
 from agent.task_owner import TaskOwner
 from agent.telephony.address_policy import refusal_for
 from agent.telephony.rtp_leg import RtpSettings
+from agent.worker_tag import ID_TOKEN_BYTES, tagged_token
+from signaling.auth import Principal
 from signaling.sip.config import WILDCARDS, SipConfig
 from signaling.sip.dialog import Dialog, DialogId, new_tag
-from signaling.sip.media import SipRtpLeg, open_sip_leg
+from signaling.sip.media import SIP_OWNER, SipRtpLeg, open_sip_leg
 from signaling.sip.message import (
     REASONS,
     Headers,
@@ -84,6 +96,10 @@ RETRY_AFTER_SECONDS = 5
 STOP_GRACE_SECONDS = 2.0
 SETUP_SAMPLES = 1000
 
+# What the application answered to realtime.call.incoming: accept (a session, the owner of
+# the call) or reject (a status code).
+Decision = tuple[SessionConfig, Principal] | int
+
 # Call states.
 EARLY = "early"  # INVITE received, not answered yet
 ANSWERED = "answered"  # a 2xx sent (INVITE or re-INVITE), waiting for its ACK
@@ -112,6 +128,16 @@ class SipCall:
     bye_reason: str | None = None  # the leg ended before the ACK: BYE once it comes
     tasks: TaskOwner = field(default_factory=lambda: TaskOwner("sip-call"))
     timers: dict[str, TimerHandle] = field(default_factory=dict)
+    # The id of the call in the HTTP API (/v1/realtime/calls/{id}), its leg's id once open.
+    call_id: str = field(default_factory=lambda: f"sip_{tagged_token(ID_TOKEN_BYTES)}")
+    decision: asyncio.Future[Decision] | None = None  # waiting for accept/reject (webhook)
+    outcome: asyncio.Future[AgentError | None] | None = None  # what an accept came to
+
+    @property
+    def pending(self) -> bool:
+        """Waiting for the application's accept or reject."""
+        return (self.state == EARLY and self.decision is not None
+                and not self.decision.done())
 
     @property
     def id(self) -> DialogId:
@@ -142,6 +168,11 @@ class UserAgent:
         self._by_invite: dict[ServerKey, SipCall] = {}
         self._by_remote: dict[tuple[str, str], SipCall] = {}  # (Call-ID, From tag)
         self._by_leg: dict[str, SipCall] = {}
+        self._by_call_id: dict[str, SipCall] = {}
+        self._http: aiohttp.ClientSession | None = None  # the webhook's
+        if config.webhook_url and not config.webhook_secret:
+            raise ValueError("a SIP webhook needs a signing secret (whsec_...)")
+        self._webhook = Webhook(config.webhook_secret) if config.webhook_secret else None
         self.tasks = TaskOwner("sip-ua")
         self.counters: Counter[str] = Counter()
         self.setup_ms: deque[float] = deque(maxlen=SETUP_SAMPLES)  # INVITE → 200 OK
@@ -151,6 +182,11 @@ class UserAgent:
 
     async def start(self) -> int:
         port = await self.transports.start(self.config.listen_host, self.config.listen_port)
+        if self.config.webhook_url:
+            self._http = aiohttp.ClientSession()
+            log.info("sip: incoming calls wait up to %g s for an accept or reject after the "
+                     "webhook to %s", self.config.accept_timeout,
+                     printable(self.config.webhook_url))
         log.info("sip: listening on udp+tcp %s:%d (advertised as %s)",
                  self.config.listen_host, port, self.config.advertised_host)
         return port
@@ -178,6 +214,9 @@ class UserAgent:
             await asyncio.gather(*cancelled, return_exceptions=True)
         self.transactions.close()
         await self.transports.close()
+        if self._http is not None:
+            await self._http.close()
+            self._http = None
         log.info("sip: stopped")
 
     def stats(self) -> dict[str, object]:
@@ -410,6 +449,7 @@ class UserAgent:
         self.calls[dialog.id] = call
         self._by_invite[server_key(request)] = call
         self._by_remote[remote_key] = call
+        self._by_call_id[call.call_id] = call
         tx.respond(self._response(request, 180, to_tag=local_tag,
                                   headers=[("Contact", self._contact(flow.transport))]))
         call.tasks.spawn(self._answer(call), "answer")
@@ -444,10 +484,18 @@ class UserAgent:
     async def _answer(self, call: SipCall) -> None:
         if self.config.ring_seconds > 0:
             await asyncio.sleep(self.config.ring_seconds)
+        session, owner = None, SIP_OWNER
+        if self.config.webhook_url:
+            decision = await self._await_decision(call)
+            if decision is None:
+                return
+            session, owner = decision
         try:
             leg = await open_sip_leg(self.agent, call.choice, self.rtp, call.dialog.call_id,
-                                     self._on_leg_closed)
+                                     self._on_leg_closed, leg_id=call.call_id,
+                                     session=session, owner=owner)
         except AgentError as exc:
+            self._settle(call, exc)
             busy = exc.status == 503
             self.counters["refused_" + exc.code] += 1
             log.info("sip: call %s refused: %s", printable(call.dialog.call_id), exc.code)
@@ -458,6 +506,8 @@ class UserAgent:
             raise
         except Exception:
             log.exception("sip: opening the media for %s failed", printable(call.dialog.call_id))
+            self._settle(call, CallError("setup_failed", "the call's media could not be opened",
+                                         status=500))
             self._reject(call, 500)
             return
         if call.state != EARLY:  # cancelled, or hung up, while the leg was being opened
@@ -474,6 +524,102 @@ class UserAgent:
                  printable(call.dialog.call_id), leg.id, call.choice.codec.name,
                  call.choice.remote)
         self._send_2xx(call, call.invite_tx, ok)
+        self._settle(call, None)
+
+    # -- the application's answer (--sip-webhook) ---------------------------------------------
+
+    async def _await_decision(self, call: SipCall) -> tuple[SessionConfig, Principal] | None:
+        """Post realtime.call.incoming and wait for accept or reject; None when the call was
+        rejected here (by the application, or 480 after --sip-accept-timeout)."""
+        call.decision = asyncio.get_running_loop().create_future()
+        call.tasks.spawn(self._post_webhook(call), "webhook")
+        try:
+            decision = await asyncio.wait_for(asyncio.shield(call.decision),
+                                              self.config.accept_timeout)
+        except asyncio.TimeoutError:
+            self.counters["accept_timeouts"] += 1
+            log.info("sip: call %s not accepted within %g s: 480", call.call_id,
+                     self.config.accept_timeout)
+            self._reject(call, 480)
+            return None
+        if isinstance(decision, int):
+            self.counters["rejected_by_application"] += 1
+            log.info("sip: call %s rejected by the application: %d", call.call_id, decision)
+            self._reject(call, decision)
+            return None
+        return decision
+
+    def incoming_event(self, call: SipCall) -> dict[str, object]:
+        return {
+            "object": "event",
+            "id": "evt_" + secrets.token_hex(12),
+            "type": "realtime.call.incoming",
+            "created_at": int(time.time()),
+            "data": {
+                "call_id": call.call_id,
+                "sip_headers": [{"name": name, "value": value}
+                                for name, value in call.invite.headers],
+            },
+        }
+
+    async def _post_webhook(self, call: SipCall) -> None:
+        """POST realtime.call.incoming, signed as Standard Webhooks. A failure is logged once;
+        the call then waits out the accept timeout like an unanswered one."""
+        assert self._http is not None and self._webhook is not None
+        url = self.config.webhook_url
+        assert url is not None
+        body = json.dumps(self.incoming_event(call)).encode()
+        message_id = "msg_" + secrets.token_hex(12)
+        now = datetime.now(timezone.utc)
+        headers = {
+            "Content-Type": "application/json",
+            "webhook-id": message_id,
+            "webhook-timestamp": str(int(now.timestamp())),
+            "webhook-signature": self._webhook.sign(message_id, now, body),
+        }
+        self.counters["webhooks_sent"] += 1
+        try:
+            timeout = aiohttp.ClientTimeout(total=self.config.accept_timeout)
+            async with self._http.post(url, data=body, headers=headers,
+                                       timeout=timeout) as reply:
+                status = reply.status
+                await reply.read()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            self.counters["webhook_failures"] += 1
+            log.warning("sip: webhook for call %s failed: %r; it gets 480 unless accepted "
+                        "within %g s", call.call_id, exc, self.config.accept_timeout)
+            return
+        if not 200 <= status < 300:
+            self.counters["webhook_failures"] += 1
+            log.warning("sip: webhook for call %s answered %d; it gets 480 unless accepted "
+                        "within %g s", call.call_id, status, self.config.accept_timeout)
+
+    def find_call(self, call_id: str) -> SipCall | None:
+        """An inbound call by its API id (pending, answered or ringing), else None."""
+        call = self._by_call_id.get(call_id)
+        return call if call is not None and call.state != ENDED else None
+
+    async def accept(self, call: SipCall, session: SessionConfig, owner: Principal) -> None:
+        """The application accepts a pending call: answered with `session`, owned by
+        `owner`. Raises the AgentError that kept it from being answered."""
+        assert call.pending and call.decision is not None
+        call.outcome = asyncio.get_running_loop().create_future()
+        call.decision.set_result((session, owner))
+        error = await asyncio.shield(call.outcome)
+        if error is not None:
+            raise error
+
+    def reject(self, call: SipCall, status: int) -> None:
+        """The application rejects a pending call with this final status (400-699)."""
+        assert call.pending and call.decision is not None
+        call.decision.set_result(status)
+
+    @staticmethod
+    def _settle(call: SipCall, error: AgentError | None) -> None:
+        if call.outcome is not None and not call.outcome.done():
+            call.outcome.set_result(error)
 
     def _local_sdp(self, call: SipCall, offer: SessionDescription, choice: AudioChoice,
                    direction: str | None = None) -> bytes:
@@ -670,7 +816,11 @@ class UserAgent:
     def _forget(self, call: SipCall) -> None:
         call.state = ENDED
         call.stop_timers()
+        self._settle(call, CallError("call_ended", "the call ended before it was answered",
+                                     status=409))
         call.tasks.cancel_all()
+        if self._by_call_id.get(call.call_id) is call:
+            del self._by_call_id[call.call_id]
         if self.calls.get(call.id) is call:
             del self.calls[call.id]
         key = server_key(call.invite)

@@ -222,3 +222,28 @@ def unknown_dialog_bye() -> str:
   </send>
   <recv response="481"/>
 """)
+
+
+def rejected(status: int, timeout_ms: int = 15000) -> str:
+    """Call and expect a final failure `status` (the application's reject, or the 480 of
+    an unanswered call); ACK it on the INVITE's branch."""
+    branch = "z9hG4bK-[pid]-[call_number]-invite"
+    body = (invite(branch=branch)
+            + '  <recv response="100" optional="true"/>\n'
+            + '  <recv response="180"/>\n'
+            + f'  <recv response="{status}" timeout="{timeout_ms}"/>\n'
+            + f"""  <send>
+    <![CDATA[
+      ACK sip:agent@[remote_ip]:[remote_port] SIP/2.0
+      Via: SIP/2.0/[transport] [local_ip]:[local_port];branch={branch}
+      {FROM}
+      [last_To:]
+      Call-ID: [call_id]
+      CSeq: 1 ACK
+      Max-Forwards: 70
+      Content-Length: 0
+    ]]>
+  </send>
+  <pause milliseconds="300"/>
+""")
+    return scenario(f"rejected {status}", body)
