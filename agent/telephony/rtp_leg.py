@@ -129,7 +129,7 @@ def codec_from_request(name: object) -> NarrowbandCodec:
     return codec
 
 
-class _RtpProtocol(asyncio.DatagramProtocol):
+class RtpProtocol(asyncio.DatagramProtocol):
     def __init__(self) -> None:
         self.leg: RtpLeg | None = None
 
@@ -340,7 +340,7 @@ class RtpLeg(TelephonyLeg):
         protocol forgets the leg (late datagrams then reach nothing)."""
         self.inbound.reset()
         protocol = self.socket.get_protocol()
-        if isinstance(protocol, _RtpProtocol):
+        if isinstance(protocol, RtpProtocol):
             protocol.leg = None
 
     def stats(self) -> dict[str, Any]:
@@ -374,7 +374,9 @@ def _normalize_ip(host: str) -> str:
         return host
 
 
-async def _bind_port(settings: RtpSettings) -> tuple[asyncio.DatagramTransport, _RtpProtocol, int]:
+async def bind_rtp_port(
+    settings: RtpSettings,
+) -> tuple[asyncio.DatagramTransport, RtpProtocol, int]:
     """Bind an even port in the range (RTP convention: RTCP would take the odd one above)."""
     loop = asyncio.get_running_loop()
     first = settings.port_min + (settings.port_min % 2)
@@ -383,7 +385,7 @@ async def _bind_port(settings: RtpSettings) -> tuple[asyncio.DatagramTransport, 
     for port in ports[offset:] + ports[:offset]:
         try:
             transport, protocol = await loop.create_datagram_endpoint(
-                _RtpProtocol, local_addr=(settings.bind_host, port)
+                RtpProtocol, local_addr=(settings.bind_host, port)
             )
         except OSError as exc:
             if exc.errno in (errno.EADDRINUSE, errno.EACCES):
@@ -402,7 +404,7 @@ async def open_rtp_leg(agent: MediaAgent, remote: Address | None, codec: Narrowb
     if remote is not None:
         check_remote(remote[0], settings)
     with agent.admit():
-        transport, protocol, port = await _bind_port(settings)
+        transport, protocol, port = await bind_rtp_port(settings)
         leg = RtpLeg(agent, codec, transport, (settings.local_host, port), remote, settings,
                      dtmf_payload_type=dtmf_payload_type)
     protocol.leg = leg

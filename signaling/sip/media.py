@@ -12,17 +12,20 @@ it sends from.
 
 from __future__ import annotations
 
-import asyncio
-import errno
-import random
 from collections.abc import Callable
 from typing import Any
 
-from agent.errors import CallError
 from agent.leg import prepare_config
 from agent.media_agent import MediaAgent
 from agent.plugins.base import SessionConfig
-from agent.telephony.rtp_leg import Address, RtpLeg, RtpSettings, check_remote
+from agent.telephony.rtp_leg import (
+    Address,
+    RtpLeg,
+    RtpProtocol,
+    RtpSettings,
+    bind_rtp_port,
+    check_remote,
+)
 from signaling.auth import Principal
 from signaling.sip.sdp import AudioChoice
 
@@ -44,7 +47,7 @@ class SipRtpLeg(RtpLeg):
         self.on_closed: LegClosed | None = None
         self.sip_call_id: str | None = None
         self.direction = "sendrecv"
-        self._protocol: _SipRtpProtocol | None = None
+        self._protocol: RtpProtocol | None = None
 
     def apply(self, choice: AudioChoice, direction: str) -> None:
         """Direction and remote address from an offer (the initial INVITE or a re-INVITE)."""
@@ -80,38 +83,6 @@ class SipRtpLeg(RtpLeg):
         return {**super().stats(), "sip_call_id": self.sip_call_id, "direction": self.direction}
 
 
-class _SipRtpProtocol(asyncio.DatagramProtocol):
-    def __init__(self) -> None:
-        self.leg: SipRtpLeg | None = None
-
-    def datagram_received(self, data: bytes, addr: tuple[Any, ...]) -> None:
-        if self.leg is not None:
-            self.leg.on_datagram(data, addr)
-
-    def error_received(self, exc: Exception) -> None:
-        pass  # ICMP unreachable before the far end is up: not a reason to end
-
-
-async def _bind(settings: RtpSettings) -> tuple[asyncio.DatagramTransport, _SipRtpProtocol, int]:
-    """An even port of the RTP range, as HTTP-created legs take them."""
-    loop = asyncio.get_running_loop()
-    first = settings.port_min + (settings.port_min % 2)
-    ports = list(range(first, settings.port_max + 1, 2)) or [settings.port_min]
-    offset = random.randrange(len(ports))
-    for port in ports[offset:] + ports[:offset]:
-        try:
-            transport, protocol = await loop.create_datagram_endpoint(
-                _SipRtpProtocol, local_addr=(settings.bind_host, port))
-        except OSError as exc:
-            if exc.errno in (errno.EADDRINUSE, errno.EACCES):
-                continue
-            raise CallError("rtp_bind_failed", f"could not open an RTP port: {exc.strerror}",
-                            status=500) from None
-        return transport, protocol, port
-    raise CallError("no_rtp_port", f"every RTP port in {settings.port_min}-{settings.port_max} "
-                    "is in use; retry later", status=503)
-
-
 async def open_sip_leg(agent: MediaAgent, choice: AudioChoice, settings: RtpSettings,
                        sip_call_id: str, on_closed: LegClosed, *, leg_id: str | None = None,
                        session: SessionConfig | None = None,
@@ -122,7 +93,7 @@ async def open_sip_leg(agent: MediaAgent, choice: AudioChoice, settings: RtpSett
     if remote is not None:
         check_remote(remote[0], settings)
     with agent.admit():
-        transport, protocol, port = await _bind(settings)
+        transport, protocol, port = await bind_rtp_port(settings)
         leg = SipRtpLeg(agent, choice.codec, transport, (settings.local_host, port), remote,
                         settings, dtmf_payload_type=choice.dtmf_payload_type, leg_id=leg_id)
     protocol.leg = leg
