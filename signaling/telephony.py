@@ -242,7 +242,8 @@ def _port_range(text: str) -> tuple[int, int]:
     return first, last
 
 
-def _network(text: str) -> str:
+def network_argument(text: str) -> str:
+    """A CIDR flag value (`--rtp-allow`, `--sip-allow`), checked as the allow lists parse it."""
     try:
         parse_networks([text])
     except ValueError as exc:
@@ -261,7 +262,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="address returned as 'local' (default: --rtp-bind)")
     group.add_argument("--rtp-ports", type=_port_range, default=(40000, 40999), metavar="MIN-MAX",
                        help="UDP port range for RTP legs (default 40000-40999)")
-    group.add_argument("--rtp-allow", action="append", type=_network, default=None,
+    group.add_argument("--rtp-allow", action="append", type=network_argument, default=None,
                        metavar="CIDR",
                        help="network an RTP leg may send to or latch onto (repeatable; "
                        f"default {' '.join(DEFAULT_RTP_ALLOW)}; multicast, broadcast, "

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
@@ -13,6 +14,7 @@ from standardwebhooks import Webhook
 from agent.telephony.address_policy import DEFAULT_RTP_ALLOW, IPNetwork, parse_networks
 from signaling.sip.message import MAX_MESSAGE_BYTES
 from signaling.sip.timers import TimerSettings
+from signaling.telephony import network_argument
 
 WILDCARDS = ("0.0.0.0", "::")
 WEBHOOK_SECRET_ENV = "AGENT_WEBHOOK_SECRET"
@@ -55,32 +57,17 @@ def parse_listen(text: str) -> tuple[str, int]:
     return str(ip), port
 
 
-def _network(text: str) -> str:
-    try:
-        parse_networks([text])
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-    return text
-
-
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not 0 <= value <= 60:
-        raise argparse.ArgumentTypeError(f"expected 0 to 60 seconds, not {text!r}")
-    return value
-
-
-def _accept_seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not 0.1 <= value <= 300:
-        raise argparse.ArgumentTypeError(f"expected 0.1 to 300 seconds, not {text!r}")
-    return value
+def seconds_between(low: float, high: float) -> Callable[[str], float]:
+    """A flag type: a number of seconds from `low` to `high`."""
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = low - 1.0
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"expected {low:g} to {high:g} seconds, not {text!r}")
+        return value
+    return parse
 
 
 def _webhook_url(text: str) -> str:
@@ -109,11 +96,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="address put in Via and Contact, and in the SDP when --rtp-bind "
                        "is a wildcard without --rtp-advertise (default: the --sip-listen "
                        "host; required when that is 0.0.0.0 or ::)")
-    group.add_argument("--sip-allow", action="append", type=_network, default=None,
+    group.add_argument("--sip-allow", action="append", type=network_argument, default=None,
                        metavar="CIDR",
                        help="network allowed to send SIP requests; others get 403 (repeatable; "
                        f"default {' '.join(DEFAULT_RTP_ALLOW)})")
-    group.add_argument("--sip-ring-seconds", type=_seconds, default=0.0, metavar="S",
+    group.add_argument("--sip-ring-seconds", type=seconds_between(0, 60), default=0.0, metavar="S",
                        help="ring S seconds (180 Ringing) before answering (default 0)")
     group.add_argument("--sip-webhook", type=_webhook_url, default=None, metavar="URL",
                        help="POST realtime.call.incoming here for each INVITE and wait for "
@@ -122,7 +109,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--webhook-secret", default=None, metavar="WHSEC",
                        help="Standard Webhooks secret (whsec_...) signing the webhooks "
                        f"(default: ${WEBHOOK_SECRET_ENV}; prefer the environment)")
-    group.add_argument("--sip-accept-timeout", type=_accept_seconds,
+    group.add_argument("--sip-accept-timeout", type=seconds_between(0.1, 300),
                        default=DEFAULT_ACCEPT_TIMEOUT, metavar="S",
                        help="with --sip-webhook, answer 480 when no accept or reject came "
                        f"within S seconds (default {DEFAULT_ACCEPT_TIMEOUT:g})")
