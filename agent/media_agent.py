@@ -129,20 +129,21 @@ class MediaAgent:
     @property
     def has_room(self) -> bool:
         """A new call would be admitted now (not draining, a slot free)."""
+        return not self.draining and not self._full()
+
+    def _full(self) -> bool:
+        """Every slot of this process, or of the server as a whole, is taken."""
         capacity = self.capacity
-        return (not self.draining and not (capacity and self.legs.held_slots >= capacity)
-                and not (self.shared_capacity is not None and self.shared_capacity.full()))
+        return bool(capacity and self.legs.held_slots >= capacity) or (
+            self.shared_capacity is not None and self.shared_capacity.full())
 
     def check_capacity(self) -> None:
         if self.draining:
             self.metrics.refused("draining")
             raise CallError("draining", "the server is draining for a restart; call another "
                             "instance or retry later", status=503)
-        capacity = self.capacity
-        if capacity and self.legs.held_slots >= capacity:
-            self._refuse_full(capacity)
-        if self.shared_capacity is not None and self.shared_capacity.full():
-            self._refuse_full(capacity)
+        if self._full():
+            self._refuse_full(self.capacity)
 
     def _refuse_full(self, capacity: int) -> NoReturn:
         self.metrics.refused("server_full")
