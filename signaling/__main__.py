@@ -39,6 +39,7 @@ from signaling import (
     bad_requests,
     cors,
     drain,
+    env_flags,
     gc_tuning,
     ice,
     page,
@@ -46,7 +47,7 @@ from signaling import (
     telephony,
 )
 from signaling.app import create_app
-from signaling.plugin_flags import PluginFlagsParser, plugin_extra
+from signaling.plugin_flags import PluginFlagsParser, plugin_extra, selected_plugin
 from signaling.serving import Listeners, serve
 from signaling.sip import config as sip_config
 from signaling.sip import service as sip_service
@@ -312,8 +313,23 @@ def apply_niceness(niceness: int) -> None:
         log.info("running at niceness %d", niceness)
 
 
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    """The command line, with every long flag also read from `AGENT_<FLAG>` variables
+    (signaling/env_flags.py); the command line wins."""
+    parser = build_parser()
+    given = list(sys.argv[1:] if argv is None else argv)
+    try:
+        # The plugin may come from AGENT_PLUGIN; its own flags can then be set the same way.
+        plugin = selected_plugin(env_flags.with_environment(parser, given, os.environ))
+        parser.add_plugin_flags(plugin)
+        full = env_flags.with_environment(parser, given, os.environ)
+    except env_flags.EnvFlagError as exc:
+        exit_with_error("env_flag_invalid", str(exc))
+    return parser.parse_args(full)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = parse_args(argv)
     worker = "" if args.worker_index is None else f" w{args.worker_index}"
     logging.basicConfig(
         level=args.log_level.upper(),
