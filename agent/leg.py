@@ -29,6 +29,7 @@ from agent.call_settings import CallSettings
 from agent.errors import AgentError
 from agent.plugins.base import Plugin, PluginError, RuntimeConfig, SessionConfig, StepOutput
 from agent.realtime.events import error_event, error_event_from
+from agent.realtime.sideband import SidebandHub
 from agent.recording import CallRecorder, recorder_for, take_record_option
 from agent.task_owner import TaskOwner
 from agent.ticker import PluginSlot, Ticker
@@ -88,6 +89,8 @@ class Leg:
         self.owner: object | None = None
         # Recent session events (errors, DTMF, transcripts), for stats and observers.
         self.events: deque[dict[str, Any]] = deque(maxlen=RECENT_EVENTS)
+        # Observers of the events over GET /v1/realtime?call_id= (realtime/sideband.py).
+        self.sidebands = SidebandHub(self)
         self.watchdog = Watchdog(settings)
         self.end_reason: str | None = None
         self.queued_samples = 0  # agent samples ever put in the playout buffer
@@ -161,6 +164,7 @@ class Leg:
         if self._close_task is None:
             self.closing = True
             self.end_reason = reason
+            self.sidebands.end(reason)
             self._close_task = asyncio.ensure_future(self._teardown(reason))
         await asyncio.shield(self._close_task)
 
@@ -205,6 +209,7 @@ class Leg:
         self.playout.push(audio)
         self.queued_samples += len(audio)
         self.after_output(output, audio)
+        self.sidebands.on_output(output, audio)
 
     def after_output(self, output: StepOutput, audio: np.ndarray) -> None:
         """A transport's or protocol's look at each step's answer (transcripts, speech)."""
@@ -225,6 +230,7 @@ class Leg:
         if self.recorder is not None:
             self.recorder.add_event(event)
         self.deliver(event)
+        self.sidebands.publish(event)
 
     def deliver(self, event: dict[str, Any]) -> None:
         """Send an event where the transport's protocol has a place for it."""

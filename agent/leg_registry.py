@@ -20,6 +20,8 @@ class LegRegistry:
         self._pending = 0  # slots held by legs still being set up
         self._on_added = on_added
         self._on_removed = on_removed
+        # Told after `on_removed` of every leg that ended (signaling's call.ended webhook).
+        self.ended_listeners: list[Callable[[Leg], None]] = []
 
     def add(self, leg: Leg) -> None:
         self._legs[leg.id] = leg
@@ -32,6 +34,8 @@ class LegRegistry:
             del self._legs[leg.id]
             if self._on_removed is not None:
                 self._on_removed(leg)
+            for listener in self.ended_listeners:
+                listener(leg)
 
     def get(self, leg_id: str, transport: str | None = None) -> Leg | None:
         leg = self._legs.get(leg_id)

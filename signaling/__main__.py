@@ -37,6 +37,7 @@ from signaling import (
     address_limit,
     auth,
     bad_requests,
+    call_webhook,
     cors,
     drain,
     env_flags,
@@ -96,7 +97,7 @@ class DefaultsShown(argparse.HelpFormatter):
         return text + " (default: %(default)s)"
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser() -> PluginFlagsParser:
     parser = PluginFlagsParser(
         prog="python -m signaling",
         description="WebRTC realtime media agent for full-duplex speech models. Each plugin "
@@ -207,6 +208,7 @@ def build_parser() -> argparse.ArgumentParser:
     auth.add_arguments(parser)
     telephony.add_arguments(parser)
     sip_config.add_arguments(parser)
+    call_webhook.add_arguments(parser)
     ice.add_arguments(parser)
     cors.add_arguments(parser)
     page.add_arguments(parser)
@@ -363,6 +365,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as exc:
         exit_with_error("tls_invalid", f"tls: {exc}", cause=exc)
     rtc_ports = check_rtc_flags(args)
+    webhook = call_webhook.settings_from_args(args)  # before any worker starts
     try:
         plugin = load_plugin(args.plugin, plugin_options_from_args(args))
     except AgentError as exc:
@@ -384,6 +387,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                      voice_upload_bytes=args.max_voice_upload_bytes, workers=group,
                      token_url_origins=page.origins_from_args(args))
     sip_service.install_from_args(app, args)  # --sip-listen: the SIP user agent (docs/sip.md)
+    if webhook is not None:  # --webhook-url: realtime.call.ended for every call
+        call_webhook.install(app, call_webhook.CallEndedWebhook(*webhook))
     app.on_startup.append(_drain_on_sigterm)
     app.on_startup.append(gc_tuning.freeze_after_startup)  # after the plugin loaded
     if auth_settings.open:

@@ -12,6 +12,8 @@ Routes (all errors are JSON `{"error": {"code", "message", "param"?}}`):
 - `PATCH /v1/realtime/calls/{id}` (`application/trickle-ice-sdpfrag`): 204; 412 wrong
   `If-Match`; 422 ICE restart; 400 bad fragment/candidate/mid.
 - `OPTIONS` on any route: CORS preflight, `Accept-Post` on the calls collection.
+- `GET /v1/realtime?call_id=ID` (websocket): the call's sideband, for any transport; see
+  `sideband`.
 - `POST /v1/realtime/client_secrets`: see `auth`.
 - `GET /v1/realtime/config`: ICE servers (browser shape), plugin, codecs, voices.
 - `GET /v1/models`, `GET /v1/models/{id}`: the served plugin in the OpenAI list shape, voices.
@@ -21,7 +23,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from signaling import auth, calls, cors, ice, models
+from signaling import auth, calls, cors, ice, models, sideband
 from signaling.auth import AuthSettings
 
 
@@ -34,5 +36,6 @@ def install(app: web.Application, *, auth_settings: AuthSettings | None = None,
     cors.setup(app, cors_origins, open_server=auth_settings.open)
     auth.setup(app, auth_settings)
     calls.add_routes(app)
+    sideband.add_routes(app)
     ice.add_routes(app)
     models.add_routes(app)

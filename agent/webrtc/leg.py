@@ -53,6 +53,7 @@ class WebRtcLeg(Leg):
         self.track = AgentAudioTrack(self.playout, self.capabilities.sample_rate)
         self.pacer = self.track.pacer
         self.realtime = RealtimeProtocol(self)
+        self.sidebands.speak_with(self.realtime)
         self.inbound_decoding: InlineAudioDecoding | None = None  # None: aiortc decodes
         self.codec: str | None = None
         self.sender: RTCRtpSender | None = None  # set once the offer is accepted

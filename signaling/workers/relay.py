@@ -53,12 +53,43 @@ async def relay_media_stream(request: web.Request, max_msg_size: int
         except (aiohttp.ClientError, OSError, asyncio.TimeoutError):
             await session.close()
             continue
+        log.info("media stream from %s relayed to another worker (this one is full)",
+                 request.remote)
         try:
             return await _relay(request, upstream, max_msg_size)
         finally:
             await upstream.close()
             await session.close()
     return None
+
+
+async def relay_to_owner(request: web.Request, index: int, max_msg_size: int
+                         ) -> web.WebSocketResponse:
+    """Carry a websocket about something worker `index` holds (a call's sideband) there and
+    relay it until either side closes. ApiError before the upgrade: the owner refused it
+    (its 404 stays a 404) or is not running (the call went with it)."""
+    connector = aiohttp.UnixConnector(path=str(request.app[WORKERS_KEY].socket_path(index)))
+    session = aiohttp.ClientSession(connector=connector, timeout=RELAY_TIMEOUT)
+    try:
+        upstream = await session.ws_connect(
+            URL("http://worker" + request.raw_path, encoded=True),
+            headers=_upgrade_headers(request), max_msg_size=max_msg_size, autoping=True)
+    except aiohttp.WSServerHandshakeError as exc:
+        await session.close()
+        if exc.status == 404:
+            raise ApiError("call_not_found", "no such call", param="call_id",
+                           status=404) from None
+        raise ApiError("worker_relay_failed", f"the worker holding the call refused the "
+                       f"websocket ({exc.status})", status=502) from None
+    except (aiohttp.ClientError, OSError, asyncio.TimeoutError):
+        await session.close()
+        raise ApiError("call_not_found", "no such call (its worker is not running)",
+                       param="call_id", status=404) from None
+    try:
+        return await _relay(request, upstream, max_msg_size)
+    finally:
+        await upstream.close()
+        await session.close()
 
 
 def _upgrade_headers(request: web.Request) -> dict[str, str]:
@@ -71,8 +102,6 @@ async def _relay(request: web.Request, upstream: aiohttp.ClientWebSocketResponse
                  max_msg_size: int) -> web.WebSocketResponse:
     caller = web.WebSocketResponse(max_msg_size=max_msg_size, compress=False)
     await caller.prepare(request)
-    log.info("media stream from %s relayed to another worker (this one is full)",
-             request.remote)
     to_worker = asyncio.ensure_future(_pump(caller, upstream))
     to_caller = asyncio.ensure_future(_pump(upstream, caller))
     try:
