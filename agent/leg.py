@@ -93,6 +93,7 @@ class Leg:
         self.sidebands = SidebandHub(self)
         self.watchdog = Watchdog(settings)
         self.end_reason: str | None = None
+        self.ending_reason: str | None = None  # set while the caller is told why it ends
         self.queued_samples = 0  # agent samples ever put in the playout buffer
         self.pacer: Pacer | None = None  # the transport's outbound pacing, where it has one
         self.closed = asyncio.Event()
@@ -149,6 +150,8 @@ class Leg:
         emitted just before), and that event is given the same time to leave."""
         if self.closing:
             return
+        # The caller, told, may hang up during the notice: the call still ended for `reason`.
+        self.ending_reason = reason
         if message is None or self.notify_ending(reason, message):
             await asyncio.sleep(NOTICE_SECONDS)
         await self.close(reason)
@@ -162,6 +165,7 @@ class Leg:
         cancelled meanwhile (an HTTP or websocket handler, one of the leg's own tasks) cannot
         cut it short."""
         if self._close_task is None:
+            reason = self.ending_reason or reason
             self.closing = True
             self.end_reason = reason
             self.sidebands.end(reason)

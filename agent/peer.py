@@ -1,4 +1,4 @@
-"""`python -m agent.peer URL`: the headless WebRTC caller (agent/testing/peer.py)."""
+"""`python -m agent.peer URL`: the headless test peer (agent/testing/peer/cli.py)."""
 
 from __future__ import annotations
 

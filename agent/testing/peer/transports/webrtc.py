@@ -1,21 +1,18 @@
-"""`python -m agent.peer URL`: a headless WebRTC caller for smoke tests and bridges.
+"""The WebRTC transport of the headless peer, and the load-generating caller of the tests and
+benchmarks.
 
-It calls a running agent, plays a WAV (or the built-in test signal), records what comes
-back, and reports: connected, seconds sent/received, the round-trip delay of the test signal,
-and gaps in the received audio. Exit status is non-zero when the call fails.
+`WebRtcCall` is the `PeerCall` on the agent's JSON `/offer` route (or any URL ending in
+`/offer`; a WHIP-style URL gets an application/sdp offer), with the `oai-events` data channel
+for events both ways. `run_call` is the one-shot caller the tests and capacity benchmarks use:
+it can play pre-encoded packets and decode after the call (`PreencodedSignalTrack`,
+`DeferredDecoding`) so hundreds of callers fit in one process.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
-import os
-import sys
 import time
-import wave
-from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
 from fractions import Fraction
 from typing import Any, cast
 from urllib.parse import urlparse
@@ -25,6 +22,7 @@ import av
 import numpy as np
 from aiortc import (
     RTCConfiguration,
+    RTCDataChannel,
     RTCPeerConnection,
     RTCRtpReceiver,
     RTCRtpSender,
@@ -37,7 +35,6 @@ from aiortc.rtcrtpparameters import RTCRtpCodecParameters
 from agent.audio.clock import MonotonicClock
 from agent.audio.pacer import Pacer
 from agent.audio.pcm import PTIME, float_to_s16
-from agent.cli_errors import CliError, exit_with_error
 from agent.rtc_tuning import (
     InlineAudioDecoding,
     accept_rsa_dtls_peers,
@@ -45,13 +42,25 @@ from agent.rtc_tuning import (
     limit_host_addresses,
     negotiated_codecs,
 )
+from agent.testing.peer.recording import PEER_RATE, Recording
+from agent.testing.peer.report import CallReport
+from agent.testing.peer.transports.base import (
+    BAD_URL,
+    CLOSED,
+    CONNECT_FAILED,
+    REFUSED,
+    TIMEOUT,
+    UNSUPPORTED,
+    EncodedPlayback,
+    PeerCall,
+    PeerError,
+    PeerOptions,
+)
 from agent.testing.testsignal import make_test_signal, measure_echo
 from agent.webrtc.encoding import InlineAudioEncoder
 
-PEER_RATE = 48000
 CHUNK = PEER_RATE // 50
-GAP_SECONDS = 0.06
-LOUD_RMS_S16 = 300.0  # the test signal is about 8000 RMS; silence and codec noise far below
+MEDIA_TIMEOUT = 3.0  # seconds without a packet from the agent that end a WebRTC call
 
 
 class SignalTrack(MediaStreamTrack):
@@ -126,64 +135,6 @@ class PreencodedSignalTrack(MediaStreamTrack):
         return packet
 
 
-@dataclass
-class Recording:
-    chunks: list[np.ndarray] = field(default_factory=list)
-    arrivals: list[float] = field(default_factory=list)
-    first_at: float | None = None
-    keep_audio: bool = True  # False: count samples only (cheap, for load generation)
-    counted_samples: int = 0
-    loud: list[bool] = field(default_factory=list)  # per frame, in count-only mode
-    resampler: av.AudioResampler = field(
-        default_factory=lambda: av.AudioResampler(format="flt", layout="mono", rate=PEER_RATE)
-    )
-
-    def add(self, frame: av.AudioFrame, arrived: float | None = None) -> None:
-        now = time.monotonic() if arrived is None else arrived
-        if self.first_at is None:
-            self.first_at = now
-        self.arrivals.append(now)
-        if not self.keep_audio:
-            self.counted_samples += frame.samples * PEER_RATE // frame.sample_rate
-            pcm = frame.to_ndarray().astype(np.float32)
-            self.loud.append(float(np.sqrt(np.mean(pcm * pcm))) > LOUD_RMS_S16)
-            return
-        frame.pts = None
-        for out in self.resampler.resample(frame):
-            self.chunks.append(out.to_ndarray().reshape(-1).copy())
-
-    @property
-    def seconds(self) -> float:
-        kept = sum(len(chunk) for chunk in self.chunks)
-        return (kept + self.counted_samples) / PEER_RATE
-
-    def samples(self) -> np.ndarray:
-        if not self.chunks:
-            return np.zeros(0, dtype=np.float32)
-        return np.concatenate(self.chunks).astype(np.float32)
-
-    def loud_fraction(self) -> float | None:
-        """Of the frames between the first and the last loud one, the share that was loud.
-
-        A caller playing a continuous signal into an echo should get it back without silent
-        holes; a server that falls behind and fills with silence shows up here even when its
-        packets keep arriving on time.
-        """
-        if True not in self.loud:
-            return None
-        first = self.loud.index(True)
-        last = len(self.loud) - 1 - self.loud[::-1].index(True)
-        span = self.loud[first : last + 1]
-        return sum(span) / len(span)
-
-    def gaps(self, skip_seconds: float = 1.0) -> list[float]:
-        if not self.arrivals:
-            return []
-        start = self.arrivals[0] + skip_seconds
-        times = [t for t in self.arrivals if t >= start]
-        return [b - a for a, b in zip(times, times[1:], strict=False) if b - a > GAP_SECONDS]
-
-
 class DeferredDecoding(InlineAudioDecoding):
     """A load-generating caller's receive path: notes each packet and when it arrived, and
     decodes them all after the call.
@@ -220,51 +171,6 @@ class DeferredDecoding(InlineAudioDecoding):
             for frame in self.decode(codec, JitterFrame(data=payload, timestamp=timestamp)):
                 recording.add(frame, arrived)
         self.arrivals, self.codecs, self.payloads, self.timestamps = [], [], [], []
-
-
-@dataclass
-class CallReport:
-    connected: bool = False
-    error: str | None = None
-    call_id: str | None = None
-    codec: str | None = None
-    connect_seconds: float | None = None
-    seconds_sent: float = 0.0
-    seconds_received: float = 0.0
-    delay_ms: float | None = None
-    correlation: float | None = None
-    holes: int | None = None  # 250 ms windows after the first second that did not come back
-    lag_spread_ms: float | None = None
-    gaps: int = 0
-    max_gap_ms: float = 0.0
-    loud_fraction: float | None = None  # count-only calls: share of the echo that was audio
-    events: list[str] = field(default_factory=list)
-    transcript: str = ""
-    errors: list[dict[str, Any]] = field(default_factory=list)  # `error` events' bodies
-
-    @property
-    def ok(self) -> bool:
-        return self.connected and self.error is None and self.seconds_received > 0
-
-
-def load_wav(path: str, rate: int = PEER_RATE) -> np.ndarray:
-    """Any WAV → float32 mono at `rate` (PyAV reads and resamples it)."""
-    resampler = av.AudioResampler(format="flt", layout="mono", rate=rate)
-    parts = []
-    with av.open(path) as container:
-        for frame in container.decode(audio=0):
-            frame.pts = None
-            parts += [f.to_ndarray().reshape(-1) for f in resampler.resample(frame)]
-    parts += [f.to_ndarray().reshape(-1) for f in resampler.resample(None)]
-    return np.concatenate(parts).astype(np.float32) if parts else np.zeros(0, np.float32)
-
-
-def save_wav(path: str, samples: np.ndarray, sample_rate: int = PEER_RATE) -> None:
-    with wave.open(path, "wb") as out:
-        out.setnchannels(1)
-        out.setsampwidth(2)
-        out.setframerate(sample_rate)
-        out.writeframes(float_to_s16(samples).tobytes())
 
 
 def offer_endpoint(url: str) -> tuple[str, str]:
@@ -439,111 +345,229 @@ async def run_call(
     return report, signal, received
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m agent.peer", description=__doc__)
-    parser.add_argument("url", help="agent base URL (http://host:port) or an offer endpoint")
-    parser.add_argument("--play", help="WAV to send (default: the built-in test signal)")
-    parser.add_argument("--record", help="write the received audio to this WAV")
-    parser.add_argument("--seconds", type=float, default=None,
-                        help="call length (default: the --play file's length plus 1 s to hear "
-                        "its end come back, or 5 with the built-in signal)")
-    parser.add_argument("--codec", choices=["opus", "pcmu", "pcma"], default="opus")
-    parser.add_argument("--session", help="session config JSON (voice, instructions, ...)")
-    parser.add_argument("--token", help="Bearer token for the agent")
-    parser.add_argument("--ice-host", action="append", default=None, metavar="ADDR",
-                        help="gather ICE host candidates only on this address (repeatable)")
-    parser.add_argument("--insecure", action="store_true",
-                        help="accept any https certificate (a self-signed development server)")
-    parser.add_argument("--json", action="store_true",
-                        help="print a JSON report (data-channel events as counts per type)")
-    return parser
 
 
-TAIL_SECONDS = 1.0  # after a --play file ends, long enough to hear its end come back
+# -- the PeerCall ------------------------------------------------------------------------------
 
 
-def read_play_file(path: str) -> np.ndarray:
-    try:
-        signal = load_wav(path)
-    except FileNotFoundError:
-        raise CliError("play_not_found", f"--play {path}: no such file") from None
-    except (OSError, av.error.FFmpegError, ValueError) as exc:
-        reason = getattr(exc, "strerror", None) or "not a readable audio file"
-        raise CliError("play_unreadable", f"--play {path}: {reason}") from None
-    if len(signal) == 0:
-        raise CliError("play_empty", f"--play {path}: no audio in the file")
-    return signal
+class QueueTrack(MediaStreamTrack):
+    """The call's outbound audio: 20 ms frames taken from its playback queue on a pacer
+    (silence when nothing is queued), each recorded in `sent` as it leaves."""
+
+    kind = "audio"
+
+    def __init__(self, call: PeerCall, encoded: tuple[int, int] | None = None) -> None:
+        super().__init__()
+        self.call = call
+        self.pacer = Pacer(MonotonicClock(), CHUNK / PEER_RATE)
+        self.position = 0
+        self.encoded = encoded  # (RTP clock rate, ticks per packet) when pre-encoded
+
+    async def recv(self) -> av.AudioFrame | av.Packet:
+        if self.readyState != "live":
+            raise MediaStreamError
+        await self.pacer.wait_next()
+        if self.encoded is not None:  # pre-encoded: aiortc's sender only packetizes
+            clock_rate, ticks = self.encoded
+            packet = av.Packet(self.call.next_payload())
+            packet.pts = self.position // CHUNK * ticks
+            packet.time_base = Fraction(1, clock_rate)
+            self.position += CHUNK
+            return packet
+        chunk = self.call.next_chunk(CHUNK)
+        frame = av.AudioFrame.from_ndarray(
+            float_to_s16(chunk).reshape(1, -1), format="s16", layout="mono"
+        )
+        frame.sample_rate = PEER_RATE
+        frame.pts = self.position
+        frame.time_base = Fraction(1, PEER_RATE)
+        self.position += CHUNK
+        return frame
 
 
-def check_record_path(path: str) -> None:
-    folder = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(folder):
-        raise CliError("record_unwritable", f"--record {path}: folder {folder} does not exist")
-    if os.path.isdir(path) or not os.access(folder, os.W_OK):
-        raise CliError("record_unwritable", f"--record {path}: cannot write there")
+class WebRtcCall(PeerCall):
+    """A WebRTC call on the agent's JSON `/offer` route (a base URL gets `/offer` added), with
+    the `oai-events` data channel for events both ways. DTMF: aiortc has no DTMF sender, so
+    `send_dtmf` is unsupported here.
 
+    With `extra["defer_decoding"]` (a load test without a script) the call costs the peer
+    little: audio is encoded when queued (aiortc's sender then only packetizes) and the
+    agent's packets are kept as they arrive and decoded after the call (`DeferredDecoding`,
+    `PeerCall.finish_recordings`)."""
 
-def parse_session(text: str) -> dict[str, Any]:
-    try:
-        session = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise CliError("invalid_session", f"--session is not valid JSON ({exc.msg} at "
-                       f"character {exc.pos})") from None
-    if not isinstance(session, dict):
-        raise CliError("invalid_session", "--session must be a JSON object, e.g. "
-                       '\'{"voice": "NATF2.pt"}\'')
-    return session
+    transport = "webrtc"
+    default_codec = "opus"
 
+    def __init__(self, url: str, options: PeerOptions | None = None) -> None:
+        super().__init__(url, options)
+        self.pc: RTCPeerConnection | None = None
+        self.channel: RTCDataChannel | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._channel_open = asyncio.Event()
+        self._closing = False
+        self.light = bool(self.options.extra.get("defer_decoding", False))
+        self._deferred: DeferredDecoding | None = None
 
-def event_counts(events: list[str]) -> dict[str, int]:
-    """Event types in the order first seen, each with how often it came."""
-    counts: dict[str, int] = {}
-    for event in events:
-        counts[event] = counts.get(event, 0) + 1
-    return counts
-
-
-def print_report(report: CallReport, as_json: bool) -> None:
-    if as_json:
-        body = {**asdict(report), "events": event_counts(report.events), "ok": report.ok}
-        print(json.dumps(body, indent=2))
-        return
-    status = "ok" if report.ok else f"FAILED: {report.error or 'no audio received'}"
-    print(f"{status}  codec={report.codec} connect={report.connect_seconds}s "
-          f"sent={report.seconds_sent}s received={report.seconds_received}s "
-          f"delay={report.delay_ms}ms corr={report.correlation} holes={report.holes} "
-          f"gaps={report.gaps}")
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    try:
-        # Every argument is checked before dialling, so a typo costs no call.
-        signal = read_play_file(args.play) if args.play else None
-        if args.record:
-            check_record_path(args.record)
-        session = parse_session(args.session) if args.session else None
-    except CliError as exc:
-        exit_with_error(exc.code, exc.message)
-    seconds = args.seconds
-    if seconds is None:
-        seconds = len(signal) / PEER_RATE + TAIL_SECONDS if signal is not None else 5.0
-    accept_rsa_dtls_peers()
-    if args.ice_host:
-        limit_host_addresses(args.ice_host)
-    headers = {"Authorization": f"Bearer {args.token}"} if args.token else None
-    report, _, received = asyncio.run(
-        run_call(args.url, signal=signal, seconds=seconds, codec=args.codec,
-                 session=session, headers=headers, verify_tls=not args.insecure)
-    )
-    if args.record:
+    def _preencode(self, codec: str) -> tuple[int, int]:
+        """Queue audio encoded from now on; (RTP clock rate, ticks per packet)."""
         try:
-            save_wav(args.record, received)
-        except OSError as exc:
-            report.error = report.error or f"--record {args.record}: {exc.strerror or exc}"
-    print_report(report, args.json)
-    return 0 if report.ok else 1
+            encoder = InlineAudioEncoder(f"audio/{codec}", PEER_RATE)
+        except (KeyError, ValueError) as exc:
+            raise PeerError(UNSUPPORTED, f"unknown codec {codec}: {exc}") from None
 
+        def encode(samples: np.ndarray) -> list[bytes]:
+            pcm = float_to_s16(samples)
+            return [bytes(encoder.encode(pcm[i : i + CHUNK]))
+                    for i in range(0, len(pcm) - CHUNK + 1, CHUNK)]
 
-if __name__ == "__main__":
-    sys.exit(main())
+        silence = encode(np.zeros(CHUNK, dtype=np.float32))[0]
+        self.preencode(EncodedPlayback(encode, CHUNK, silence, f"{codec}/{PEER_RATE}"))
+        clock_rate = 48000 if codec.lower() == "opus" else 8000
+        return clock_rate, CHUNK * clock_rate // PEER_RATE
+
+    def last_arrival(self) -> float | None:
+        """Monotonic time of the agent's latest packet."""
+        arrivals = self._deferred.arrivals if self._deferred is not None else (
+            self.received.arrivals)
+        return arrivals[-1] if arrivals else None
+
+    @property
+    def headers(self) -> dict[str, str]:
+        token = self.options.token
+        return {"Authorization": f"Bearer {token}"} if token else {}
+
+    def http(self) -> aiohttp.ClientSession:
+        # insecure: a development server's self-signed certificate.
+        connector = aiohttp.TCPConnector(ssl=False if self.options.insecure else True)
+        return aiohttp.ClientSession(connector=connector,
+                                     timeout=aiohttp.ClientTimeout(total=self.options.timeout))
+
+    async def connect(self) -> None:
+        self.start_clock()
+        if urlparse(self.url).scheme not in ("http", "https"):
+            raise PeerError(BAD_URL, f"{self.url}: the {self.transport} transport needs an "
+                            "http:// or https:// URL")
+        if self.options.ice_host:
+            limit_host_addresses(self.options.ice_host)
+        accept_rsa_dtls_peers()
+        pc = self.pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
+        connected = asyncio.Event()
+
+        @pc.on("connectionstatechange")
+        def on_state() -> None:
+            if pc.connectionState == "connected":
+                connected.set()
+            elif pc.connectionState in ("failed", "closed") and not self._closing:
+                self.mark_ended(f"connection_{pc.connectionState}")
+
+        @pc.on("track")
+        def on_track(track: MediaStreamTrack) -> None:
+            if self.light:
+                receiver = next(t.receiver for t in pc.getTransceivers()
+                                if t.receiver.track is track)
+                decoding = decode_audio_inline(receiver, 1, DeferredDecoding)
+                if decoding is not None:
+                    self._deferred = decoding
+                    self.defer_until_finished(lambda: decoding.replay(self.received))
+            self._tasks.append(asyncio.ensure_future(self._record(track)))
+
+        channel = self.channel = pc.createDataChannel("oai-events")
+        channel.on("open", self._channel_open.set)
+        channel.on("close", self._on_channel_close)
+        channel.on("message", self._on_message)
+        codec = self.options.codec or self.default_codec
+        encoded = self._preencode(codec) if self.light else None
+        pc.addTrack(QueueTrack(self, encoded))
+        try:
+            prefer_codec(pc, codec)
+        except ValueError as exc:
+            raise PeerError(UNSUPPORTED, str(exc)) from None
+        await pc.setLocalDescription(await pc.createOffer())
+        try:
+            async with self.http() as http:
+                answer = await self.exchange(http, pc.localDescription.sdp)
+            await pc.setRemoteDescription(RTCSessionDescription(sdp=answer, type="answer"))
+            await asyncio.wait_for(connected.wait(), self.options.timeout)
+        except asyncio.TimeoutError:
+            raise PeerError(TIMEOUT, f"not connected within {self.options.timeout:g} s") from None
+        except aiohttp.ClientError as exc:
+            raise PeerError(CONNECT_FAILED, f"{self.url}: {exc or type(exc).__name__}") from None
+        except ValueError as exc:  # an answer aiortc cannot use
+            raise PeerError(CONNECT_FAILED, f"bad answer: {exc}") from None
+        self.connected_at = self.now()
+        self._tasks.append(asyncio.ensure_future(self._watch_media()))
+        for transceiver in pc.getTransceivers():
+            codecs = negotiated_codecs(transceiver)
+            if codecs:
+                self.codec = codecs[0].mimeType.split("/")[-1]
+
+    async def exchange(self, http: aiohttp.ClientSession, sdp: str) -> str:
+        """Post the offer; the answer's SDP. Sets `call_id`."""
+        try:
+            answer, self.call_id = await post_offer(http, self.url, sdp, self.options.session,
+                                                    self.headers)
+        except RuntimeError as exc:
+            raise PeerError(REFUSED, str(exc)) from None
+        return answer
+
+    async def _record(self, track: MediaStreamTrack) -> None:
+        while True:
+            try:
+                frame = cast(av.AudioFrame, await track.recv())
+            except MediaStreamError:
+                if not self._closing:
+                    self.mark_ended("remote_hangup")
+                return
+            self.received.add(frame)
+
+    async def _watch_media(self) -> None:
+        """A server that ends the call closes its peer connection, which aiortc on this side
+        does not notice for half a minute (ICE consent); but the agent sends audio (silence
+        at least) every 20 ms, so `media_timeout` seconds without a packet end the call."""
+        limit = float(self.options.extra.get("media_timeout", MEDIA_TIMEOUT))
+        started = time.monotonic()
+        while not self.ended.is_set():
+            await asyncio.sleep(min(0.25, limit / 4))
+            last = self.last_arrival() or started
+            if time.monotonic() - last > limit:
+                self.mark_ended("media_timeout")
+                return
+
+    def _on_message(self, message: str | bytes) -> None:
+        try:
+            event = json.loads(message)
+        except ValueError:
+            return
+        if isinstance(event, dict):
+            self.add_event(event)
+
+    def _on_channel_close(self) -> None:
+        if not self._closing:
+            self.mark_ended("remote_hangup")
+
+    async def send_event(self, event: dict[str, Any]) -> None:
+        if self.channel is None or self.channel.readyState != "open":
+            try:
+                await asyncio.wait_for(self._channel_open.wait(), self.options.timeout)
+            except asyncio.TimeoutError:
+                raise PeerError(CLOSED, "the oai-events data channel is not open") from None
+        assert self.channel is not None
+        self.channel.send(json.dumps(event))
+
+    async def hangup(self) -> None:
+        self.mark_ended("hangup")
+        await self.close()
+
+    async def close(self) -> None:
+        if self._closing:
+            return
+        self._closing = True
+        self.mark_ended("closed")
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self.pc is not None:
+            try:
+                await asyncio.wait_for(self.pc.close(), 5)
+            except Exception:
+                pass

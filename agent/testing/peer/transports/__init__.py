@@ -1,0 +1,1 @@
+"""The peer's transports: one module per protocol, each a `PeerCall` (contract: base.py)."""

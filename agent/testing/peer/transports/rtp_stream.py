@@ -1,0 +1,274 @@
+"""The peer's end of one RTP audio stream (G.711, 20 ms packets, RFC 4733 DTMF), shared by the
+rtp and sip transports.
+
+A UDP socket on the event loop (asyncio datagram endpoint). Sending: audio is encoded when
+it is queued (`PeerCall.preencode`), and every stream of the process is driven by one
+`SendClock` (agent/audio/send_clock.py: one timer for all, each stream's own `Pacer`), so a
+send is a slice of bytes and a `sendto`; while digits are being sent their telephone-event
+packets take the audio's place. Receiving: packets from the remote (or any source until the
+first one, when the remote is not known: symmetric RTP) are decoded into the call's
+`received` recording as they come, or, with `extra["defer_decoding"]` (a load test without a
+script: nothing reads the audio during the call), kept as bytes and decoded after the call
+(`PeerCall.finish_recordings`).
+Telephone-events become `dtmf` events. Sequence numbers give packets received and lost
+(RFC 3550 A.3), RTP timestamps against arrival times the interarrival jitter (RFC 3550
+6.4.1). Packets are parsed with aiortc's `RtpPacket`; sent headers are packed directly
+(see `_send`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import struct
+import time
+import weakref
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+from aiortc.rtp import RtpPacket
+
+from agent.audio.clock import MonotonicClock
+from agent.audio.pacer import Pacer
+from agent.audio.send_clock import SendClock
+from agent.testing.peer.transports.base import EncodedPlayback, PeerCall
+from agent.testing.peer.transports.narrowband import (
+    NARROW_RATE,
+    SAMPLES_PER_PACKET,
+    NarrowbandCodec,
+)
+from agent.testing.peer.transports.telephone_events import (
+    PAUSE_PACKETS,
+    DigitDetector,
+    check_digits,
+    digit_packets,
+)
+
+Address = tuple[str, int]
+MAX_DATAGRAM = 2048
+RTP_HEADER = struct.Struct("!BBHII")
+PACKET_SECONDS = SAMPLES_PER_PACKET / NARROW_RATE
+
+_clocks: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, SendClock] = (
+    weakref.WeakKeyDictionary())
+
+
+def shared_send_clock() -> SendClock:
+    """The running loop's one send clock for every RTP stream of the peer."""
+    loop = asyncio.get_running_loop()
+    clock = _clocks.get(loop)
+    if clock is None:
+        # One phase: every stream sends on the same 20 ms tick (the agent spreads its legs over
+        # four phases to even out its load; a peer only needs the fewest wake-ups).
+        clock = _clocks[loop] = SendClock(MonotonicClock(), PACKET_SECONDS, phases=1)
+    return clock
+
+
+class _Protocol(asyncio.DatagramProtocol):
+    def __init__(self, stream: RtpStream) -> None:
+        self.stream = stream
+
+    def datagram_received(self, data: bytes, addr: tuple[Any, ...]) -> None:
+        self.stream.on_datagram(data, (addr[0], addr[1]))
+
+    def error_received(self, exc: Exception) -> None:
+        self.stream.send_errors += 1
+
+
+# One 20 ms slot of a digit: (telephone-event payload or None for silence, marker, the
+# future to resolve once the slot is sent).
+DigitSlot = tuple[bytes | None, bool, "asyncio.Future[None] | None"]
+
+
+class RtpStream:
+    def __init__(self, call: PeerCall, codec: str, dtmf_payload_type: int | None = 101) -> None:
+        self.call = call
+        self.encoder = NarrowbandCodec(codec, call.rate)
+        self.decoder = NarrowbandCodec(codec, call.rate)
+        self.payload_type = self.encoder.payload_type
+        self.dtmf_payload_type = dtmf_payload_type
+        self.defer_decoding = bool(call.options.extra.get("defer_decoding", False))
+        self.remote: Address | None = None
+        self.local: Address | None = None
+        # False: take the remote host's packets from any port (senders like ffmpeg send from
+        # a port other than the one they listen on).
+        self.strict_source_port = True
+        self.ssrc = secrets.randbits(32)
+        self._sequence = secrets.randbits(16)
+        self._timestamp = secrets.randbits(32)
+        self._digit_timestamp = 0
+        self._transport: asyncio.DatagramTransport | None = None
+        self._pacer = Pacer(MonotonicClock(), PACKET_SECONDS)
+        self._leave_clock: Callable[[], None] | None = None
+        self._digit_slots: deque[DigitSlot] = deque()
+        self._silence_payload = self.encoder.silence
+        self._silent_samples = np.zeros(call.rate // 50, dtype=np.float32)
+        self._detector = DigitDetector()
+        self._deferred: list[tuple[float, bytes]] = []
+        call.preencode(EncodedPlayback(self.encoder.encode_packets, call.rate // 50,
+                                       self._silence_payload, f"{codec}/{call.rate}"))
+        # Receive statistics.
+        self.packets_received = 0
+        self.foreign_packets = 0
+        self.send_errors = 0
+        self._base_seq: int | None = None
+        self._max_seq = 0  # extended (with wrap cycles)
+        self._jitter = 0.0
+        self._last_transit: float | None = None
+
+    async def bind(self, host: str, port: int = 0) -> Address:
+        loop = asyncio.get_running_loop()
+        transport, _ = await loop.create_datagram_endpoint(lambda: _Protocol(self),
+                                                           local_addr=(host, port))
+        self._transport = transport
+        sockname = transport.get_extra_info("sockname")
+        self.local = (sockname[0], sockname[1])
+        return self.local
+
+    def start(self, remote: Address | None) -> None:
+        """Send to `remote` (None: to whoever sends first) from now on."""
+        if remote is not None:
+            self.remote = remote
+        self._leave_clock = shared_send_clock().join(self._send_due)
+
+    # -- sending ---------------------------------------------------------------------------
+
+    def _send(self, payload_type: int, payload: bytes, marker: bool, timestamp: int) -> None:
+        if self._transport is None or self.remote is None:
+            return
+        # The 12-byte header packed directly (RFC 3550 5.1: version 2, no padding, extension
+        # or CSRCs): the same bytes as aiortc's RtpPacket.serialize, without an object per
+        # packet.
+        header = RTP_HEADER.pack(0x80, (0x80 if marker else 0) | payload_type, self._sequence,
+                                 timestamp, self.ssrc)
+        self._sequence = (self._sequence + 1) & 0xFFFF
+        self._transport.sendto(header + payload, self.remote)
+
+    def _send_due(self, tick_at: float, now: float) -> None:
+        """On the shared send clock's tick: the packets now due (normally one)."""
+        for _ in range(self._pacer.take_due(tick_at, now)):
+            self._send_one(now)
+
+    def _send_one(self, now: float) -> None:
+        if self._digit_slots:
+            payload, marker, done = self._digit_slots.popleft()
+            self.call.sent.add_samples(self._silent_samples, now)
+            if payload is None or self.dtmf_payload_type is None:
+                self._send(self.payload_type, self._silence_payload, False, self._timestamp)
+            else:
+                if marker:  # an event's packets all carry its start's timestamp
+                    self._digit_timestamp = self._timestamp
+                self._send(self.dtmf_payload_type, payload, marker, self._digit_timestamp)
+            if done is not None and not done.done():
+                done.set_result(None)
+        else:
+            self._send(self.payload_type, self.call.next_payload(now), False, self._timestamp)
+        self._timestamp = (self._timestamp + SAMPLES_PER_PACKET) & 0xFFFFFFFF
+
+    async def send_dtmf(self, digits: str) -> None:
+        """RFC 4733 digits in place of audio (each its tone and end packets, then a pause of
+        silence); returns once they have all been sent. ValueError for a bad digit."""
+        if self.dtmf_payload_type is None:
+            raise ValueError("no telephone-event payload type was negotiated")
+        loop = asyncio.get_running_loop()
+        waits = []
+        for digit in check_digits(digits):
+            for payload, marker in digit_packets(digit, SAMPLES_PER_PACKET):
+                self._digit_slots.append((payload, marker, None))
+            done: asyncio.Future[None] = loop.create_future()
+            self._digit_slots.extend([(None, False, None)] * (PAUSE_PACKETS - 1))
+            self._digit_slots.append((None, False, done))
+            waits.append(done)
+        await asyncio.gather(*waits)
+
+    # -- receiving -------------------------------------------------------------------------
+
+    def on_datagram(self, data: bytes, source: Address) -> None:
+        now = time.monotonic()
+        if len(data) > MAX_DATAGRAM:
+            self.foreign_packets += 1
+            return
+        if self.remote is None:
+            self.remote = source  # symmetric RTP: answer whoever sent first
+        elif source != self.remote and (self.strict_source_port or source[0] != self.remote[0]):
+            self.foreign_packets += 1
+            return
+        try:
+            packet = RtpPacket.parse(data)
+        except ValueError:
+            self.foreign_packets += 1
+            return
+        if packet.payload_type == self.dtmf_payload_type:
+            self._count(packet, now)
+            digit = self._detector.feed(packet.timestamp, packet.payload)
+            if digit is not None:
+                event = {"type": "dtmf", "digit": digit, "transport": self.call.transport}
+                self.call.dtmf_received.append(self.call.add_event(event, now))
+            return
+        if packet.payload_type != self.payload_type:
+            self.foreign_packets += 1
+            return
+        self._count(packet, now)
+        if self.defer_decoding:
+            self._deferred.append((now, packet.payload))
+        else:
+            self.call.received.add_samples(self.decoder.decode(packet.payload), now)
+
+    def _count(self, packet: RtpPacket, now: float) -> None:
+        self.packets_received += 1
+        seq = packet.sequence_number
+        if self._base_seq is None:
+            self._base_seq = seq
+            self._max_seq = seq
+        else:
+            cycles, low = self._max_seq & ~0xFFFF, self._max_seq & 0xFFFF
+            delta = (seq - low) & 0xFFFF
+            if delta < 0x8000:  # in order (or a jump ahead)
+                extended = cycles + seq + (0x10000 if seq < low else 0)
+                self._max_seq = max(self._max_seq, extended)
+        if packet.payload_type == self.payload_type:
+            transit = now - packet.timestamp / NARROW_RATE
+            if self._last_transit is not None:
+                self._jitter += (abs(transit - self._last_transit) - self._jitter) / 16
+            self._last_transit = transit
+
+    @property
+    def packets_expected(self) -> int:
+        return 0 if self._base_seq is None else self._max_seq - self._base_seq + 1
+
+    @property
+    def packets_lost(self) -> int:
+        return max(0, self.packets_expected - self.packets_received)
+
+    @property
+    def jitter(self) -> float | None:
+        return self._jitter if self._last_transit is not None else None
+
+    def publish(self) -> None:
+        """Copy the statistics onto the call; audio kept as bytes is decoded when the call's
+        recordings are finished (after the call: `PeerCall.finish_recordings`)."""
+        self.call.packets_received = self.packets_received
+        self.call.packets_lost = self.packets_lost
+        self.call.jitter = self.jitter
+        if self._deferred:
+            self.call.defer_until_finished(self._decode_deferred)
+
+    def _decode_deferred(self) -> None:
+        decoded = self.decoder.decode_many([payload for _, payload in self._deferred])
+        for (arrived, _), samples in zip(self._deferred, decoded, strict=True):
+            self.call.received.add_samples(samples, arrived)
+        self._deferred = []
+
+    async def close(self) -> None:
+        if self._leave_clock is not None:
+            self._leave_clock()
+            self._leave_clock = None
+        for _, _, done in self._digit_slots:
+            if done is not None:
+                done.cancel()
+        self._digit_slots.clear()
+        if self._transport is not None:
+            self._transport.close()
+        self.publish()

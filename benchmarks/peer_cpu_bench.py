@@ -1,0 +1,112 @@
+"""The headless peer's own CPU per call against the agent's, per transport.
+
+A load test must measure the agent, not its callers: issue 33 asks that the peer spend at
+least 4x fewer CPU cycles per call than the agent's echo path. This script starts the agent
+(`python -m signaling`, echo plugin, one worker, SIP on loopback) pinned to core 0, pins
+itself to core 1, and for each transport places `--calls` concurrent calls of `--seconds`
+with the peer's transports (`open_call`: connect, play the test signal, hang up), then
+measures each call (`measure_into`: first audio, echo delay, jitter, gaps) as
+`python -m agent.peer` does. It reads the server's CPU time (its process tree, /proc) and
+its own (`time.process_time()`, every thread) around the calls and around the measuring,
+and prints CPU seconds per call-second for each and the ratios. One warm-up call per
+transport first, so imports and one-off tables are not counted.
+
+    python benchmarks/peer_cpu_bench.py [--calls 8] [--seconds 4] [--transports webrtc,rtp]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import time
+from dataclasses import dataclass
+
+from harness import agent_command, free_port, server_on_core0, tree_cpu_seconds
+
+from agent.rtc_tuning import limit_host_addresses
+from agent.testing.peer.call import test_signal
+from agent.testing.peer.measure import measure_into
+from agent.testing.peer.report import CallReport
+from agent.testing.peer.transports.base import PeerCall, PeerOptions, open_call
+
+TRANSPORTS = ["webrtc", "realtime", "media-stream", "rtp", "sip"]
+
+
+@dataclass
+class Row:
+    transport: str
+    passed: int
+    peer_live: float  # CPU seconds per call-second while the calls ran
+    peer_measure: float  # CPU seconds per call-second measuring them afterwards
+    agent: float
+
+
+async def one_call(url: str, transport: str, seconds: float) -> PeerCall:
+    call = open_call(url, transport, PeerOptions(timeout=20.0, extra={"defer_decoding": True}))
+    try:
+        await call.connect()
+        call.play(test_signal(seconds))
+        await asyncio.sleep(seconds)
+        await call.hangup()
+    finally:
+        await call.close()
+    return call
+
+
+async def calls(url: str, transport: str, count: int, seconds: float) -> list[PeerCall]:
+    return list(await asyncio.gather(*[one_call(url, transport, seconds)
+                                       for _ in range(count)]))
+
+
+def run_level(pid: int, url: str, transport: str, count: int, seconds: float) -> Row:
+    asyncio.run(calls(url, transport, 1, 0.5))  # warm-up: imports, codec tables
+    time.sleep(0.5)
+    agent_before, peer_before = tree_cpu_seconds(pid), time.process_time()
+    placed = asyncio.run(calls(url, transport, count, seconds))
+    time.sleep(0.5)  # the server finishes closing the calls
+    agent_cpu = tree_cpu_seconds(pid) - agent_before
+    peer_live = time.process_time() - peer_before
+    before_measure = time.process_time()
+    reports = [measure_into(CallReport(), call) for call in placed]
+    peer_measure = time.process_time() - before_measure
+    call_seconds = count * seconds
+    passed = sum(r.ok and (r.correlation or 0) > 0.8 for r in reports)
+    return Row(transport, passed, peer_live / call_seconds, peer_measure / call_seconds,
+               agent_cpu / call_seconds)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--calls", type=int, default=8)
+    parser.add_argument("--seconds", type=float, default=4.0)
+    parser.add_argument("--transports", default=",".join(TRANSPORTS))
+    args = parser.parse_args()
+    port, sip_port = free_port(), free_port()
+    if (os.cpu_count() or 1) > 1:
+        os.sched_setaffinity(0, {1})
+    limit_host_addresses(["127.0.0.1"])
+    command = agent_command(port, "--ice-host", "127.0.0.1", "--sip-listen",
+                            f"127.0.0.1:{sip_port}", "--sip-invite-rate", "0")
+    rows = []
+    with server_on_core0(command, port) as pid:
+        time.sleep(1.0)  # the server's start-up CPU is not a call's
+        for transport in [t for t in args.transports.split(",") if t]:
+            url = (f"sip:agent@127.0.0.1:{sip_port}" if transport == "sip"
+                   else f"http://127.0.0.1:{port}")
+            rows.append(run_level(pid, url, transport, args.calls, args.seconds))
+    print(f"\n{args.calls} concurrent calls of {args.seconds:g} s per transport, echo plugin. "
+          "CPU seconds per call-second; agent on core 0, peer on core 1.\n")
+    print("| transport | calls ok | peer, live | peer, measuring after | agent | "
+          "agent / peer live | agent / peer all |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    for row in rows:
+        total = row.peer_live + row.peer_measure
+        print(f"| {row.transport} | {row.passed}/{args.calls} | {row.peer_live:.4f} | "
+              f"{row.peer_measure:.4f} | {row.agent:.4f} | {row.agent / row.peer_live:.1f}x | "
+              f"{row.agent / total:.1f}x |")
+
+
+if __name__ == "__main__":
+    main()

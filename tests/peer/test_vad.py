@@ -1,0 +1,66 @@
+"""Speech segments from webrtcvad (agent/testing/peer/vad.py): edges on a 1 ms grid, short
+pauses bridged, clicks dropped, and the online tracker's onsets."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from agent.testing.peer.vad import SpeechTracker, mask_segments, speech_segments
+from tests.peer.speech import RATE, bursts
+
+
+def test_bursts_come_out_as_segments_near_their_edges() -> None:
+    audio = bursts([(0.5, 1.3), (2.0, 2.6)], 3.2)
+    segments = speech_segments(audio, RATE)
+    assert len(segments) == 2
+    for segment, (start, end) in zip(segments, [(0.5, 1.3), (2.0, 2.6)], strict=True):
+        # The test signal fades in and out over 100 ms; the detector hears it early in the
+        # fade-in and until late in the fade-out.
+        assert segment.start == pytest.approx(start, abs=0.03)
+        assert segment.end == pytest.approx(end, abs=0.03)
+
+
+def test_onsets_follow_the_audio_by_the_millisecond_not_by_the_frame() -> None:
+    # Shifting the audio by less than one 10 ms frame moves the onset by as much.
+    onsets = []
+    for shift_ms in (0.0, 3.3, 6.6):
+        shift = shift_ms / 1000
+        audio = bursts([(0.5 + shift, 1.3 + shift)], 2.0)
+        onsets.append(speech_segments(audio, RATE)[0].start - shift)
+    assert max(onsets) - min(onsets) < 0.003
+
+
+def test_silence_and_digital_silence_have_no_speech() -> None:
+    assert speech_segments(np.zeros(RATE * 2, dtype=np.float32), RATE) == []
+    quiet = (np.random.default_rng(1).standard_normal(RATE * 2) * 1e-5).astype(np.float32)
+    assert speech_segments(quiet, RATE) == []
+
+
+def test_an_offset_lands_the_segment_on_the_call_timeline() -> None:
+    segments = speech_segments(bursts([(0.2, 0.8)], 1.0), RATE, offset=10.0)
+    assert segments[0].start == pytest.approx(10.2, abs=0.03)
+
+
+def test_short_pauses_are_bridged_and_clicks_dropped() -> None:
+    mask = np.zeros(2000, dtype=bool)
+    mask[100:400] = True
+    mask[500:800] = True  # 100 ms pause: one utterance
+    mask[1200:1230] = True  # 30 ms: a click
+    segments = mask_segments(mask)
+    assert [(s.start, s.end) for s in segments] == [(0.1, 0.8)]
+
+
+def test_the_tracker_hears_onsets_and_offsets_as_audio_arrives() -> None:
+    audio = bursts([(0.5, 1.3), (2.0, 2.6)], 3.4)
+    tracker = SpeechTracker(RATE)
+    for start in range(0, len(audio), 960):
+        tracker.feed(audio[start : start + 960])
+    assert tracker.onsets == pytest.approx([0.5, 2.0], abs=0.04)
+    assert len(tracker.offsets) == 2 and tracker.offsets[0] == pytest.approx(1.3, abs=0.06)
+    assert not tracker.speaking
+
+
+def test_a_rate_the_detector_cannot_take_is_refused() -> None:
+    with pytest.raises(ValueError, match="multiple of 16000"):
+        speech_segments(np.zeros(44100, dtype=np.float32), 44100)
