@@ -69,6 +69,9 @@ class AgentSettings:
     # --rtc-ports (applied process-wide by rtc_tuning.port_range; kept here to be shown)
     rtc_ports: PortRange | None = None
     rtc_advertise: tuple[str, ...] = ()  # --rtc-advertise
+    # --rtc-udp-port (the mux is process-wide, rtc_tuning.udp_mux; kept here to be shown)
+    rtc_udp_port: int | None = None
+    reconnect_seconds: float = 10.0  # --reconnect-seconds
 
     @property
     def webrtc(self) -> WebRtcSettings:
@@ -81,6 +84,7 @@ class AgentSettings:
             inline_encoding=self.inline_encoding,
             opus_complexity=self.opus_complexity,
             inline_decoding=self.inline_decoding,
+            reconnect_seconds=self.reconnect_seconds,
         )
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import errno
 import logging
 import os
 import signal
@@ -32,6 +33,7 @@ from agent.rtc_tuning.port_range import (
     limit_host_ports,
     ports_needed,
 )
+from agent.rtc_tuning.udp_mux import UdpMux, use_udp_mux
 from agent.webrtc.encoding import OPUS_COMPLEXITY, OPUS_COMPLEXITY_RANGE
 from signaling import (
     address_limit,
@@ -147,6 +149,11 @@ def build_parser() -> PluginFlagsParser:
                        help="end a call whose inbound audio stopped this many seconds ago")
     calls.add_argument("--connect-timeout", type=float, default=20.0,
                        help="end a call not connected (ICE+DTLS) within this many seconds")
+    calls.add_argument("--reconnect-seconds", type=sip_config.seconds_between(0.0, 3600.0),
+                       default=10.0, metavar="S",
+                       help="a WebRTC call whose network path is gone (ICE consent expired, "
+                       "or nothing received for 3 s) waits this long for the caller to come "
+                       "back or restart ICE before it ends with connection_lost (default 10)")
     calls.add_argument("--jitter-buffer", type=int, default=1, metavar="PACKETS",
                        help="receive jitter buffer depth in 20 ms packets before decoding "
                        "(aiortc: 4; default 1; 0 releases each packet on arrival and leaves "
@@ -221,6 +228,8 @@ def settings_from_args(args: argparse.Namespace, workers: int = 1) -> AgentSetti
         ice_servers=ice.ice_servers_from_args(args),
         rtc_ports=ice.rtc_ports_from_args(args),
         rtc_advertise=ice.rtc_advertise_from_args(args),
+        rtc_udp_port=ice.rtc_udp_port_from_args(args),
+        reconnect_seconds=args.reconnect_seconds,
         jitter_prefetch_packets=max(0, args.jitter_buffer),
         codecs=tuple(args.codecs),
         opus_complexity=args.opus_complexity,
@@ -261,6 +270,10 @@ def check_rtc_flags(args: argparse.Namespace) -> PortRange | None:
     except ValueError as exc:
         exit_with_error("rtc_advertise_invalid", f"--rtc-advertise {exc}")
     try:
+        ice.rtc_udp_port_from_args(args)
+    except ValueError as exc:
+        exit_with_error("rtc_udp_port_invalid", f"--rtc-udp-port {exc}")
+    try:
         ports = ice.rtc_ports_from_args(args)
     except ValueError as exc:
         exit_with_error("rtc_ports_invalid", f"--rtc-ports {exc}")
@@ -278,6 +291,30 @@ def check_rtc_flags(args: argparse.Namespace) -> PortRange | None:
                         "(one per address per call): widen the range, lower --max-sessions "
                         "or gather on fewer addresses (--ice-host)")
     return ports
+
+
+def open_udp_mux(args: argparse.Namespace, workers: int) -> None:
+    """`--rtc-udp-port`: bind the one port on every host address now (in use: a start-up
+    error, not a failed call later) and put every call's host candidates on it."""
+    port = ice.rtc_udp_port_from_args(args)  # checked by check_rtc_flags
+    if port is None:
+        return
+    if workers > 1:
+        exit_with_error("rtc_udp_port_workers", f"--rtc-udp-port needs --workers 1 (one "
+                        f"process owns the port and every call on it), not {workers}")
+    if args.ice_host:
+        limit_host_addresses(args.ice_host)
+    try:
+        mux = UdpMux.open_on_host_addresses(port)
+    except OSError as exc:
+        code = "rtc_udp_port_in_use" if exc.errno == errno.EADDRINUSE else (
+            "rtc_udp_port_unavailable")
+        exit_with_error(code, f"--rtc-udp-port cannot bind {exc.strerror}")
+    if not use_udp_mux(mux):
+        exit_with_error("rtc_udp_port_unsupported", "--rtc-udp-port: the installed aioice no "
+                        "longer binds host candidates where agent/rtc_tuning/udp_mux.py expects")
+    log.info("every call's ICE, DTLS and SRTP on UDP port %d of %s", mux.port,
+             ", ".join(mux.sockets) or "no address")
 
 
 def plugin_options_from_args(args: argparse.Namespace) -> PluginOptions:
@@ -366,6 +403,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         exit_with_error("tls_invalid", f"tls: {exc}", cause=exc)
     rtc_ports = check_rtc_flags(args)
     webhook = call_webhook.settings_from_args(args)  # before any worker starts
+    open_udp_mux(args, workers)
     try:
         plugin = load_plugin(args.plugin, plugin_options_from_args(args))
     except AgentError as exc:

@@ -4,7 +4,10 @@
 `voice_audio` recording where `--max-voice-upload-bytes` allows it) creates a
 call and answers `201 Created` with the SDP answer, `Location`, `ETag` and one `Link` per ICE
 server. The call resource then takes `GET` (its session and live stats), `DELETE` /
-`POST .../hangup` (end it) and `PATCH` (trickled ICE candidates). A call belongs to the
+`POST .../hangup` (end it), `PATCH` (trickled ICE candidates, or an ICE restart with new
+credentials: RFC 9725 section 4.4, `If-Match` required, answered 200 with the agent's new
+credentials and a new `ETag`) and `POST` of a new SDP offer (a re-offer restarting ICE, for
+clients that renegotiate; the same call goes on). A call belongs to the
 credential that created it; asking about someone else's call gets the same 404 as an unknown
 id, so ids cannot be probed.
 """
@@ -24,8 +27,9 @@ from agent.realtime import client_json
 from agent.realtime.session_config import session_config_from_realtime
 from agent.telephony.dtmf_sender import check_digits
 from agent.telephony.rtp_leg import RtpLeg
+from agent.webrtc.leg import WebRtcLeg
 from agent.webrtc.sdp import MAX_SDP_BYTES
-from agent.webrtc.trickle import apply_sdpfrag, parse_sdpfrag
+from agent.webrtc.trickle import parse_sdpfrag
 from signaling.auth import Principal, principal_of, secret_session
 from signaling.errors import ApiError, read_json_object
 from signaling.ice import link_headers
@@ -61,7 +65,7 @@ class CallResources:
         if leg is None:
             raise ApiError("call_not_found", "the call ended during setup", status=404)
         leg.owner = owner
-        return CallResource(call_id, etag_of(call_id), owner)
+        return CallResource(call_id, etag_of(call_id, ice_generation(leg)), owner)
 
     def _owner(self, call_id: str) -> object | None:
         leg = self.agent.legs.get(call_id)
@@ -79,12 +83,20 @@ class CallResources:
         owner = self._owner(call_id)
         if not isinstance(owner, Principal) or not principal.may_manage(owner):
             raise ApiError("call_not_found", "no such call", param="call_id", status=404)
-        return CallResource(call_id, etag_of(call_id), owner)
+        leg = self.agent.legs.get(call_id)
+        return CallResource(call_id, etag_of(call_id, ice_generation(leg)), owner)
 
 
-def etag_of(call_id: str) -> str:
-    """A call's ETag: stable for its life, and not guessable from anything else public."""
-    return '"' + hashlib.blake2s(call_id.encode(), key=ETAG_KEY, digest_size=9).hexdigest() + '"'
+def ice_generation(leg: object) -> int:
+    """How many ICE restarts a call has begun (0 for legs that have no ICE)."""
+    return leg.ice_generation if isinstance(leg, WebRtcLeg) else 0
+
+
+def etag_of(call_id: str, generation: int = 0) -> str:
+    """A call's ETag: one per ICE generation (an ICE restart changes it, RFC 9725 section
+    4.4), and not guessable from anything else public."""
+    data = call_id.encode() if generation == 0 else f"{call_id}/{generation}".encode()
+    return '"' + hashlib.blake2s(data, key=ETAG_KEY, digest_size=9).hexdigest() + '"'
 
 
 ETAG_KEY = secrets.token_bytes(16)
@@ -248,23 +260,61 @@ async def hangup_call(request: web.Request) -> web.Response:
     return await delete_call(request)
 
 
-async def patch_call(request: web.Request) -> web.Response:
-    """Trickled ICE candidates (RFC 9725 section 4.3.1)."""
-    resource = request.app[RESOURCES_KEY].lookup(
-        request.match_info["call_id"], principal_of(request)
-    )
+def check_if_match(request: web.Request, resource: CallResource) -> str | None:
+    """The request's If-Match (None when absent); 412 when it names another ETag."""
     if_match = request.headers.get("If-Match")
     if if_match is not None and if_match.strip() not in ("*", resource.etag):
         raise ApiError("etag_mismatch", "If-Match does not name this call's ETag", status=412)
+    return if_match
+
+
+def webrtc_call(request: web.Request, resource: CallResource) -> WebRtcLeg:
+    call = request.app[AGENT_KEY].webrtc_legs.get(resource.call_id)
+    if call is None:
+        raise ApiError("call_not_found", "no such call", param="call_id", status=404)
+    return call
+
+
+async def patch_call(request: web.Request) -> web.Response:
+    """Trickled ICE candidates (RFC 9725 section 4.3.1), or an ICE restart (section 4.4):
+    new credentials, `If-Match` required, answered 200 with the agent's new credentials and
+    candidates and the new ETag."""
+    resources = request.app[RESOURCES_KEY]
+    resource = resources.lookup(request.match_info["call_id"], principal_of(request))
+    if_match = check_if_match(request, resource)
     if media_type(request) != TRICKLE_TYPE:
         raise ApiError("unsupported_media_type", f"trickle candidates as {TRICKLE_TYPE}",
                        status=415)
     body = decode_text(await read_limited(request, MAX_SDP_BYTES, "the SDP fragment"), "sdp")
-    call = request.app[AGENT_KEY].webrtc_legs.get(resource.call_id)
-    if call is None:
-        raise ApiError("call_not_found", "no such call", param="call_id", status=404)
-    await apply_sdpfrag(call.pc, parse_sdpfrag(body))  # TrickleError is a coded 4xx
+    call = webrtc_call(request, resource)
+    fragment = parse_sdpfrag(body)  # TrickleError is a coded 4xx
+    if call.ice.is_restart(fragment.ice_ufrag):
+        if if_match is None:
+            raise ApiError("precondition_required", "an ICE restart needs If-Match with the "
+                           "call's ETag (or *)", status=428)
+        answer = await call.ice.restart_from_fragment(fragment)
+        etag = resources.lookup(resource.call_id, principal_of(request)).etag
+        return web.Response(status=200, text=answer,
+                            headers={"ETag": etag, "Content-Type": TRICKLE_TYPE})
+    await call.ice.trickle(fragment)
     return web.Response(status=204, headers={"ETag": resource.etag})
+
+
+async def reoffer_call(request: web.Request) -> web.Response:
+    """A new SDP offer on the same call (clients that renegotiate to restart ICE): the
+    answer carries the agent's new ICE credentials; the call, its plugin session, recording
+    and events go on."""
+    resources = request.app[RESOURCES_KEY]
+    resource = resources.lookup(request.match_info["call_id"], principal_of(request))
+    check_if_match(request, resource)
+    if media_type(request) != SDP_TYPE:
+        raise ApiError("unsupported_media_type", f"send the new offer as {SDP_TYPE}",
+                       status=415, headers={"Accept-Post": SDP_TYPE})
+    sdp = decode_text(await read_limited(request, MAX_SDP_BYTES, "the SDP offer"), "sdp")
+    answer = await webrtc_call(request, resource).ice.reoffer(sdp)
+    etag = resources.lookup(resource.call_id, principal_of(request)).etag
+    return web.Response(status=200, text=answer,
+                        headers={"ETag": etag, "Content-Type": SDP_TYPE})
 
 
 async def post_dtmf(request: web.Request) -> web.Response:
@@ -294,5 +344,6 @@ def add_routes(app: web.Application) -> None:
     app.router.add_get(CALLS_PATH + "/{call_id}", get_call)
     app.router.add_delete(CALLS_PATH + "/{call_id}", delete_call)
     app.router.add_patch(CALLS_PATH + "/{call_id}", patch_call)
+    app.router.add_post(CALLS_PATH + "/{call_id}", reoffer_call)
     app.router.add_post(CALLS_PATH + "/{call_id}/hangup", hangup_call)
     app.router.add_post(CALLS_PATH + "/{call_id}/dtmf", post_dtmf)

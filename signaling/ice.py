@@ -1,5 +1,6 @@
 """ICE servers: the `--ice-server` flags, `Link` headers (RFC 9725) and `GET /v1/realtime/config`;
-the agent's own ICE ports and advertised addresses (`--rtc-ports`, `--rtc-advertise`).
+the agent's own ICE ports and advertised addresses (`--rtc-ports`, `--rtc-udp-port`,
+`--rtc-advertise`).
 
 The same list configures the agent's own peer connections (so it gathers srflx/relay
 candidates) and is advertised to callers; aiortc itself uses the first STUN and the first
@@ -20,6 +21,7 @@ from aiortc.rtcicetransport import parse_stun_turn_uri
 from agent.media_agent import AgentSettings
 from agent.rtc_tuning.advertise import parse_advertised
 from agent.rtc_tuning.port_range import PortRange, parse_port_range
+from agent.rtc_tuning.udp_mux import parse_udp_port
 from signaling.keys import AGENT_KEY
 
 ICE_SCHEMES = ("stun:", "stuns:", "turn:", "turns:")
@@ -74,9 +76,11 @@ def browser_ice_servers(servers: Sequence[RTCIceServer]) -> list[dict[str, Any]]
 
 def rtc_network(settings: AgentSettings) -> dict[str, Any]:
     """The agent's host candidates as callers see them: the UDP port range they are bound in
-    (None: any port) and the addresses advertised in their place (empty: the bound ones)."""
+    (None: any port), the one port every call shares (None: no mux) and the addresses
+    advertised in their place (empty: the bound ones)."""
     ports = settings.rtc_ports
     return {"ports": None if ports is None else str(ports),
+            "udp_port": settings.rtc_udp_port,
             "advertise": list(settings.rtc_advertise)}
 
 
@@ -154,6 +158,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "call finding every port taken is refused 503 rtc_ports_exhausted "
         "(default: any port)")
     group.add_argument(
+        "--rtc-udp-port", default=None, metavar="PORT",
+        help="every call's ICE, DTLS and SRTP on this one UDP port (one socket per host "
+        "address, calls told apart by their ICE username, then by the checked remote "
+        "address): one port to open or publish; with --rtc-advertise the advertised port is "
+        "this one; one worker only (default: a socket per call)")
+    group.add_argument(
         "--rtc-advertise", action="append", default=[], metavar="ADDR",
         help="1:1 NAT: put this public address in the answer's host candidates and c= lines "
         "in place of the bound private one (repeatable, one IPv4 and one IPv6; every host "
@@ -165,6 +175,16 @@ def rtc_ports_from_args(args: argparse.Namespace) -> PortRange | None:
     """`--rtc-ports` checked (ValueError says what is wrong)."""
     text = getattr(args, "rtc_ports", None)
     return None if text is None else parse_port_range(text)
+
+
+def rtc_udp_port_from_args(args: argparse.Namespace) -> int | None:
+    """`--rtc-udp-port` checked (ValueError says what is wrong)."""
+    text = getattr(args, "rtc_udp_port", None)
+    if text is None:
+        return None
+    if getattr(args, "rtc_ports", None) is not None:
+        raise ValueError("and --rtc-ports exclude each other: every call is on the one port")
+    return parse_udp_port(text)
 
 
 def rtc_advertise_from_args(args: argparse.Namespace) -> tuple[str, ...]:

@@ -2,6 +2,7 @@
 
 import { AudioGraph } from "./audio-graph.js";
 import { CallFailure, VoiceCall } from "./call.js";
+import { IceRecovery } from "./restart.js";
 import {
   parseIceServers,
   parseModels,
@@ -65,6 +66,7 @@ const ui = {
 const state = {
   phase: "idle", // idle | starting | connected | ending
   call: null,
+  recovery: null, // restarts ICE when a connected call's network changes (restart.js)
   micStream: null,
   graph: null,
   model: null, // what GET /v1/models said, if anything
@@ -408,6 +410,12 @@ async function startCall() {
     setStatus("Connecting…");
     const call = new VoiceCall({ baseUrl: location.href, iceServers: servers, secret, session });
     state.call = call;
+    state.recovery?.stop();
+    state.recovery = new IceRecovery({
+      restart: () => call.restartIce(),
+      report: (step, detail) => onRecovery(call, step, detail),
+    });
+    ui.status.dataset.iceRestarts = "0";
     call.addEventListener("state", (event) => onConnectionState(call, event.detail));
     call.addEventListener("track", (event) => onAgentStream(event.detail));
     call.addEventListener("server-event", (event) => onServerEvent(event.detail));
@@ -433,14 +441,20 @@ async function startCall() {
 
 function onConnectionState(call, connectionState) {
   if (call !== state.call) return;
+  const recovering = state.recovery?.onState(connectionState) ?? false;
   if (connectionState === "connected") {
     state.timings.connectedAt ??= performance.now();
     if (state.phase === "starting") setPhase("connected");
-    setStatus("Connected. Talk to the agent.");
+    setStatus(state.recovery?.restarts ? "Reconnected: the call goes on."
+      : "Connected. Talk to the agent.");
     pollStats().catch(() => {}); // show the connected numbers now, not at the next tick
   } else if (connectionState === "disconnected") {
     setStatus("Connection interrupted; waiting for it to recover…");
   } else if (connectionState === "failed") {
+    if (recovering && !state.endReason) {
+      setStatus("Network changed: reconnecting the call…");
+      return;
+    }
     if (state.endReason) {
       onServerGone(call);
       return;
@@ -449,6 +463,19 @@ function onConnectionState(call, connectionState) {
     finishCall("Call failed.", { release: true });
   } else if (connectionState === "closed" && !call.closed) {
     onServerGone(call);
+  }
+}
+
+function onRecovery(call, step, detail) {
+  if (call !== state.call) return;
+  if (step === "restarting") {
+    ui.status.dataset.iceRestarts = String(state.recovery?.restarts ?? 0);
+    setStatus(`Network changed: reconnecting the call (attempt ${detail})…`);
+  } else if (step === "recovered") {
+    setStatus("Reconnected: the call goes on.");
+  } else if (step === "restart-failed") {
+    const reason = detail?.code ?? detail?.message ?? detail;
+    setStatus(`Reconnecting failed (${reason}); trying again if the connection stays down…`);
   }
 }
 
@@ -522,6 +549,8 @@ async function hangUp() {
 async function finishCall(statusText, { release = false } = {}) {
   const call = state.call;
   state.call = null;
+  state.recovery?.stop();
+  state.recovery = null;
   clearTimeout(state.connectTimer);
   state.connectTimer = null;
   if (release) call?.hangup();
@@ -726,6 +755,7 @@ window.voiceApp = {
   get recording() { return state.recording; },
   get transcript() { return state.transcript.text; },
   get audioContextState() { return state.graph?.context.state ?? null; },
+  get iceRestarts() { return state.recovery?.restarts ?? 0; },
 };
 
 init();

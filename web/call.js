@@ -54,6 +54,7 @@ export class VoiceCall extends EventTarget {
     this.pc = null;
     this.channel = null;
     this.location = null;
+    this.etag = null; // the call resource's ETag: an ICE restart changes it
     this.closed = false;
   }
 
@@ -92,6 +93,7 @@ export class VoiceCall extends EventTarget {
     }
     const location = response.headers.get("Location");
     this.location = location ? new URL(location, this.baseUrl).href : null;
+    this.etag = response.headers.get("ETag");
     const answer = await response.text();
     if (this.closed) {
       await this.#deleteResource();
@@ -120,6 +122,42 @@ export class VoiceCall extends EventTarget {
         message: `The agent could not be reached: ${error.message}`,
       });
     }
+  }
+
+  /**
+   * ICE restart after a network change (web/restart.js decides when): new ICE credentials in
+   * a re-offer POSTed to the call resource; the agent answers with its own, and the call, its
+   * conversation and its event channel go on. Throws CallFailure.
+   */
+  async restartIce() {
+    const pc = this.pc;
+    if (!pc || !this.location || this.closed) {
+      throw new CallFailure({ code: "no_call", message: "There is no call to reconnect." });
+    }
+    pc.restartIce();
+    await pc.setLocalDescription(await pc.createOffer({ iceRestart: true }));
+    await waitForGathering(pc);
+    const headers = this.#headers({ "Content-Type": "application/sdp" });
+    if (this.etag) headers["If-Match"] = this.etag;
+    let response;
+    try {
+      response = await fetch(this.location, {
+        method: "POST", headers, body: pc.localDescription.sdp,
+      });
+    } catch (error) {
+      throw new CallFailure({
+        code: "server_unreachable",
+        message: `The agent could not be reached: ${error.message}`,
+      });
+    }
+    if (response.status !== 200) {
+      const body = await readBody(response);
+      throw new CallFailure(httpFailure(response.status, body, response.headers.get("Retry-After")));
+    }
+    this.etag = response.headers.get("ETag") ?? this.etag;
+    const answer = await response.text();
+    if (this.closed) return;
+    await pc.setRemoteDescription({ type: "answer", sdp: answer });
   }
 
   #onMessage(data) {

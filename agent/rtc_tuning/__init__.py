@@ -1,7 +1,8 @@
 """Settings aiortc does not expose, applied to its objects after they are built.
 
 Kept in this package (the SCTP receive path in `sctp_limit.py`, the ICE host ports in
-`port_range.py`, the advertised addresses in `advertise.py`) so an aiortc or aioice upgrade
+`port_range.py`, the advertised addresses in `advertise.py`, ICE restart in
+`ice_restart.py`, every call on one UDP port in `udp_mux.py`) so an aiortc or aioice upgrade
 that renames these internals breaks here and nowhere else.
 """
 
@@ -21,8 +22,10 @@ from aiortc.rtcrtpparameters import RTCRtpCodecParameters
 from aiortc.rtp import RtpPacket
 from aiortc.utils import uint16_add
 
+from agent.rtc_tuning.ice_restart import missing_restart_internals
 from agent.rtc_tuning.port_range import missing_port_internals
 from agent.rtc_tuning.sctp_limit import missing_sctp_internals
+from agent.rtc_tuning.udp_mux import missing_mux_internals
 
 log = logging.getLogger(__name__)
 
@@ -307,6 +310,8 @@ async def missing_internals() -> list[str]:
     missing = [f"{name} (data-channel messages reassembled whole)"
                for name in missing_sctp_internals()]
     missing += missing_port_internals()
+    missing += missing_mux_internals()
+    missing += missing_restart_internals()
     if not hasattr(RTCCertificate, "_create_ssl_context"):
         missing.append("RTCCertificate._create_ssl_context (DTLS stays ECDSA-only)")
     pc = RTCPeerConnection()

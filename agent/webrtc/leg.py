@@ -29,6 +29,7 @@ from agent.rtc_tuning import InlineAudioDecoding
 from agent.rtc_tuning.sctp_limit import OVERSIZED_EVENT
 from agent.ticker import Ticker
 from agent.webrtc.encoding import supports_inline
+from agent.webrtc.ice_control import CallIce
 from agent.webrtc.outbound import AgentAudioTrack
 from agent.webrtc.sdp import with_explicit_directions
 from agent.webrtc.settings import WebRtcSettings
@@ -57,6 +58,7 @@ class WebRtcLeg(Leg):
         self.inbound_decoding: InlineAudioDecoding | None = None  # None: aiortc decodes
         self.codec: str | None = None
         self.sender: RTCRtpSender | None = None  # set once the offer is accepted
+        self.ice = CallIce(pc, call_id)  # restarts, trickle, the reconnect grace
         pc.on("track", self.on_remote_track)
         pc.on("datachannel", self.attach_channel)
         pc.on("connectionstatechange", self.on_connection_state)
@@ -70,9 +72,21 @@ class WebRtcLeg(Leg):
     def on_connection_state(self) -> None:
         state = self.pc.connectionState
         if state == "connected":
+            if self.watchdog.media_started_at is None and self.ice.restartable is not None:
+                self.tasks.spawn(self.ice.supervise(lambda: self.connected_at,
+                                                    lambda: self.close("connection_lost")),
+                                 "reconnect")
             self.watchdog.media_started()
+        elif state == "failed" and self.ice.restartable is not None and (
+                self.connected_at is not None):
+            pass  # the path is gone: CallIce.supervise gives the caller its grace
         elif state in ("failed", "closed"):
             self.tasks.spawn(self.close(f"connection_{state}"), "close")
+
+    @property
+    def ice_generation(self) -> int:
+        """How many ICE restarts this call has begun (part of its ETag)."""
+        return self.ice.generation
 
     def attach_channel(self, channel: RTCDataChannel) -> None:
         channel.on("message", self.realtime.inbox.offer)
@@ -87,6 +101,7 @@ class WebRtcLeg(Leg):
             await asyncio.wait_for(self.pc.close(), timeout=PC_CLOSE_TIMEOUT)
         except (asyncio.TimeoutError, Exception) as exc:
             log.warning("call %s: peer connection close: %r", self.id, exc)
+        await self.ice.close()  # after pc.close(): DTLS's close_notify still goes out
         self.realtime.detach()
 
     async def accept_offer(self, sdp: str, settings: WebRtcSettings) -> None:
@@ -129,6 +144,7 @@ class WebRtcLeg(Leg):
             self.track.use_inline_encoder(codec.mimeType, settings.opus_complexity)
         self.codec = codec.mimeType.split("/")[-1]
         self.sender = main.sender
+        self.ice.setup(settings.advertise, settings.reconnect_seconds)
 
 
     # -- media ------------------------------------------------------------------------------
@@ -191,6 +207,8 @@ class WebRtcLeg(Leg):
         return {
             **super().stats(),
             "connection_state": self.pc.connectionState,
+            "ice_restarts": self.ice.restarts_completed,
+            "reconnects": self.ice.reconnects,
             "decode_errors": (self.inbound_decoding.decode_errors
                               if self.inbound_decoding is not None else None),
             "playout": playout_stats(self, self.track.pacer.reanchors),

@@ -24,3 +24,6 @@ class WebRtcSettings:
     inline_encoding: bool = True
     opus_complexity: int = OPUS_COMPLEXITY  # --opus-complexity: encoder CPU against quality
     inline_decoding: bool = True
+    # --reconnect-seconds: how long a call whose ICE path is gone waits for it to come back
+    # (the caller resuming, or an ICE restart) before it ends with connection_lost
+    reconnect_seconds: float = 10.0

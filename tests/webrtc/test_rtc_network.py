@@ -199,7 +199,8 @@ async def test_calls_bind_only_inside_the_range_and_skip_ports_in_use() -> None:
                     for path in ("/health", "/v1/realtime/config"):
                         async with http.get(url + path) as response:
                             shown = (await response.json())["rtc"]
-                        assert shown == {"ports": str(ports), "advertise": []}
+                        assert shown == {"ports": str(ports), "udp_port": None,
+                                         "advertise": []}
             finally:
                 for client in clients:
                     await client.close()
