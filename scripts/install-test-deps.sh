@@ -8,12 +8,13 @@ cd "$(dirname "$0")/.."
 # GStreamer's webrtcbin (driven from the system Python through PyGObject), ffmpeg and sipp
 # (sip-tester, the SIP tests' caller: tests/sip/) for the interop tests against software
 # nobody here wrote; espeak-ng for the test peer's `say` steps (tests/peer/, examples/);
-# iproute2 and nftables for the NAT tests' network namespaces (tests/support/netns.py).
+# iproute2 and nftables for the NAT tests' network namespaces (tests/support/netns.py);
+# redis-server and haproxy for the cluster tests (tests/cluster/ starts its own on loopback).
 missing=()
 for pkg in chromium firefox-esr coturn ffmpeg python3-gi gir1.2-gstreamer-1.0 \
     gir1.2-gst-plugins-base-1.0 gir1.2-gst-plugins-bad-1.0 gstreamer1.0-plugins-base \
     gstreamer1.0-plugins-good gstreamer1.0-plugins-bad gstreamer1.0-nice sip-tester \
-    espeak-ng iproute2 nftables; do
+    redis-server haproxy espeak-ng iproute2 nftables; do
   dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
 done
 SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"

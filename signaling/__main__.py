@@ -40,6 +40,7 @@ from signaling import (
     auth,
     bad_requests,
     call_webhook,
+    cluster,
     cors,
     drain,
     env_flags,
@@ -219,6 +220,7 @@ def build_parser() -> PluginFlagsParser:
     ice.add_arguments(parser)
     cors.add_arguments(parser)
     page.add_arguments(parser)
+    cluster.add_arguments(parser)  # --cluster: many hosts (signaling/cluster/)
     return parser
 
 
@@ -408,6 +410,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         plugin = load_plugin(args.plugin, plugin_options_from_args(args))
     except AgentError as exc:
         exit_with_error(exc.code, exc.message, cause=exc)
+    # --cluster: the node's tag claimed before any worker starts (they inherit it)
+    cluster_settings = cluster.prepare(args)
     if workers > 1 and group is None:
         return run_supervisor(list(argv) if argv is not None else sys.argv[1:], workers,
                               args.host, args.port, args.worker_dir)
@@ -427,6 +431,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     sip_service.install_from_args(app, args)  # --sip-listen: the SIP user agent (docs/sip.md)
     if webhook is not None:  # --webhook-url: realtime.call.ended for every call
         call_webhook.install(app, call_webhook.CallEndedWebhook(*webhook))
+    if cluster_settings is not None:
+        cluster.install(app, cluster_settings, workers)
     app.on_startup.append(_drain_on_sigterm)
     app.on_startup.append(gc_tuning.freeze_after_startup)  # after the plugin loaded
     if auth_settings.open:

@@ -183,6 +183,23 @@ class SecretStore:
     def __len__(self) -> int:
         return len(self._secrets)
 
+    def knows(self, value: str) -> bool:
+        return _hash(value) in self._secrets
+
+    def adopt(self, value: str, tenant: str | None, expires_at: float,
+              session: SessionConfig | None, in_use: bool) -> EphemeralSecret:
+        """A secret minted elsewhere (a cluster's shared store said so), known here from now
+        on; one already known here is kept as it is."""
+        known = self._secrets.get(_hash(value))
+        if known is not None:
+            return known
+        secret = EphemeralSecret(_hash(value), tenant, expires_at, session, in_use=in_use)
+        self._secrets[secret.value_hash] = secret
+        return secret
+
+    def forget(self, value: str) -> None:
+        self._secrets.pop(_hash(value), None)
+
 
 @dataclass(frozen=True)
 class Principal:

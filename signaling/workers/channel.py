@@ -63,9 +63,7 @@ class Channel:
 
     def signature(self, forwarder: int, stamp: str, method: str, raw_path: str,
                   length: int) -> str:
-        text = f"{forwarder}\n{stamp}\n{method}\n{raw_path}\n{length}".encode("utf-8",
-                                                                              "surrogateescape")
-        return hmac.new(self.secret, text, hashlib.sha256).hexdigest()
+        return mac_of(self.secret, str(forwarder), stamp, method, raw_path, str(length))
 
     def sign(self, method: str, raw_path: str, length: int) -> dict[str, str]:
         """The headers that mark a request from this worker."""
@@ -79,7 +77,7 @@ class Channel:
         fields = dict(part.partition("=")[::2]
                       for part in request.headers.get(SIGNATURE_HEADER, "").split(","))
         stamp, mac = fields.get("t", ""), fields.get("mac", "")
-        if not forwarder.isdigit() or not mac or not _fresh(stamp):
+        if not forwarder.isdigit() or not mac or not fresh(stamp):
             return None
         if request.transport is None or (request.transport.get_extra_info("sockname")
                                          != str(self.socket_path(self.index))):
@@ -91,7 +89,15 @@ class Channel:
         return int(forwarder) if hmac.compare_digest(expected, mac) else None
 
 
-def _fresh(stamp: str) -> bool:
+def mac_of(secret: bytes, *fields: str) -> str:
+    """HMAC-SHA256 under `secret` of the fields, one a line (also the cluster's signature
+    between nodes: signaling/cluster/signing.py)."""
+    text = "\n".join(fields).encode("utf-8", "surrogateescape")
+    return hmac.new(secret, text, hashlib.sha256).hexdigest()
+
+
+def fresh(stamp: str) -> bool:
+    """A signature's timestamp within MAX_AGE_S of now."""
     try:
         return abs(time.time() - float(stamp)) <= MAX_AGE_S
     except ValueError:
@@ -158,5 +164,5 @@ def install(app: web.Application, channel: Channel) -> None:
 
 
 __all__ = ["Channel", "CHANNEL_KEY", "FORWARDED_HEADER", "SIGNATURE_HEADER", "SECRET_ENV",
-           "ask", "carries_body", "forwarded_by", "forwarded_headers", "from_a_worker",
-           "install", "response_from"]
+           "ask", "carries_body", "forwarded_by", "forwarded_headers", "fresh", "from_a_worker",
+           "install", "mac_of", "response_from"]

@@ -10,6 +10,7 @@ engine session opened — is closed at once when the agent discards its config, 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import Sequence
 from dataclasses import replace
@@ -34,6 +35,7 @@ from agent.plugins.base import (
 from agent.plugins.remote.link import LinkRequest, LinkSettings, UpstreamError, UpstreamLink
 from agent.plugins.remote.parked import ParkedLinks
 from agent.plugins.remote.pool import WARMUP_SECONDS, UpstreamPool
+from agent.plugins.remote.seats import SeatHold, SeatLeases
 
 if TYPE_CHECKING:
     from typing import Self  # Python 3.11+; a typing-only name (requires-python is 3.10)
@@ -53,6 +55,12 @@ class RemoteSession(PluginSession):
 
     def stats(self) -> dict[str, Any]:
         return self.link.stats()
+
+
+def seat_lost(link: UpstreamLink) -> None:
+    """The session's seat was taken by another server: it ends at its next frame."""
+    link.fail(UpstreamError("upstream_lease_lost", "another server took this call's engine "
+                            "seat", status=503))
 
 
 class RemotePlugin(Plugin):
@@ -100,6 +108,13 @@ class RemotePlugin(Plugin):
         self._parked = ParkedLinks()
         self._links: set[UpstreamLink] = set()
         self._closers: set[asyncio.Task[None]] = set()
+        # Seats shared with other servers (a cluster: seats.py); None: this pool's own only.
+        self.seat_leases: SeatLeases | None = None
+        self._holds: dict[UpstreamLink, SeatHold] = {}
+
+    def use_seat_leases(self, leases: SeatLeases | None) -> None:
+        """Hold a seat in `leases` for every session on an upstream of limited capacity."""
+        self.seat_leases = leases
 
     @classmethod
     def from_options(cls, options: PluginOptions) -> Self:
@@ -188,9 +203,25 @@ class RemotePlugin(Plugin):
                     raise last_error from None
                 raise
             link = self.link_class(lease, self.settings, SAMPLE_RATE, FRAME_SIZE)
+            hold = None
+            if self.seat_leases is not None and lease.upstream.capacity:
+                try:
+                    hold = await self.seat_leases.hold(lease.url, lease.upstream.capacity,
+                                                       functools.partial(seat_lost, link))
+                except BaseException:
+                    lease.release()
+                    raise
+                if hold is None:  # every seat held by other servers
+                    lease.release()
+                    self.pool.mark_full(lease.upstream)
+                    last_error = UpstreamError("upstreams_full", "every seat of the model "
+                                               "server is held by another server", status=503)
+                    continue
             try:
                 await link.open(http, request)
             except UpstreamError as exc:
+                if hold is not None:
+                    hold.release()
                 lease.release()
                 if exc.pool_effect is None:
                     raise  # the engine refused this session itself: another would too
@@ -204,10 +235,14 @@ class RemotePlugin(Plugin):
                 last_error = exc
                 continue
             except BaseException:
+                if hold is not None:
+                    hold.release()
                 lease.release()
                 raise
             self.pool.mark_ok(lease.upstream)
             self._links.add(link)
+            if hold is not None:
+                self._holds[link] = hold
             log.info("upstream %s session %s opened", lease.label, link.upstream_session_id)
             return link
         assert last_error is not None
@@ -233,6 +268,9 @@ class RemotePlugin(Plugin):
                 await link.close()
             finally:
                 self._links.discard(link)
+                hold = self._holds.pop(link, None)
+                if hold is not None:
+                    hold.release()
 
         task = asyncio.ensure_future(close())
         task.set_name(f"upstream:{link.label}:close")

@@ -1,0 +1,93 @@
+"""One hop to the owning node: a request for another node's call, or a new call placed
+there, sent to that node's `--node-address` over HTTP, signed (signing.py), and its answer
+relayed unchanged, so the client never sees a redirect (browsers drop `Authorization` on
+a cross-origin one). The receiving node routes it to its worker as a worker would.
+
+Connections between nodes are pooled (the forward latency is the benchmark's number); each
+answer is read whole before its connection goes back to the pool.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import aiohttp
+from aiohttp import web
+from aiohttp.streams import StreamReader
+from multidict import CIMultiDict
+from yarl import URL
+
+from signaling.cluster.signing import NODE_HEADERS, NodeSigner
+from signaling.workers.channel import HOP_HEADERS
+
+NODE_TIMEOUT = aiohttp.ClientTimeout(total=60, sock_connect=1)
+NOT_RELAYED = HOP_HEADERS | NODE_HEADERS | {"host"}
+
+
+class NodeUnreachable(Exception):
+    """The node did not take the request (gone, restarting, not listening)."""
+
+
+class Forwarder:
+    """This node's client to the others."""
+
+    def __init__(self, signer: NodeSigner) -> None:
+        self.signer = signer
+        self._session: aiohttp.ClientSession | None = None
+        self.forwarded = 0
+        self.latencies: list[float] = []  # seconds, kept for /metrics' histogram feed
+
+    def session(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            self._session = aiohttp.ClientSession(
+                timeout=NODE_TIMEOUT, auto_decompress=False,
+                connector=aiohttp.TCPConnector(limit=0, enable_cleanup_closed=True))
+        return self._session
+
+    async def send(self, request: web.Request, address: str, body: bytes,
+                   placed: str = "") -> tuple[web.Response, float]:
+        """`request` (with the `body` read from the client) sent to the node at `address`:
+        its answer and how long the hop took. NodeUnreachable when it could not be sent."""
+        headers = CIMultiDict((name, value) for name, value in request.headers.items()
+                              if name.lower() not in NOT_RELAYED)
+        headers.update(self.signer.sign(request.method, request.raw_path, body, placed))
+        started = time.perf_counter()
+        for attempt in (1, 2):
+            try:
+                async with self.session().request(
+                    request.method, URL(address + request.raw_path, encoded=True),
+                    headers=headers, data=body if body else None, allow_redirects=False,
+                    skip_auto_headers=("Content-Type",),
+                ) as response:
+                    payload = await response.read()
+                    answer = CIMultiDict((name, value)
+                                         for name, value in response.headers.items()
+                                         if name.lower() not in NOT_RELAYED)
+                break
+            except aiohttp.ServerDisconnectedError as exc:
+                # A pooled connection the other node had closed while idle: the request
+                # never reached it; once more on a new connection.
+                if attempt == 2:
+                    raise NodeUnreachable(str(exc)) from None
+            except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as exc:
+                raise NodeUnreachable(str(exc) or type(exc).__name__) from None
+        took = time.perf_counter() - started
+        self.forwarded += 1
+        return web.Response(status=response.status, headers=answer, body=payload), took
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+
+
+def with_body(request: web.Request, body: bytes) -> web.Request:
+    """`request` after its body was read to check a node's signature: `read()` answers from
+    aiohttp's copy, and the body stream is refilled with the same bytes for a handler that
+    streams it (a multipart offer). aiohttp offers no public way to refill it."""
+    stream = StreamReader(request.protocol, 2**16, loop=asyncio.get_running_loop())
+    if body:
+        stream.feed_data(body)
+    stream.feed_eof()
+    request._payload = stream
+    return request
