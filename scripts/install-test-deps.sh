@@ -6,15 +6,17 @@ cd "$(dirname "$0")/.."
 # System packages: Chromium and Firefox for the browser tests, coturn for the TURN relay test
 # (the binary only: tests/support/turn.py starts its own turnserver on 127.0.0.1),
 # GStreamer's webrtcbin (driven from the system Python through PyGObject), ffmpeg and sipp
-# (sip-tester, the SIP tests' caller: tests/sip/) for the interop tests against software
-# nobody here wrote; espeak-ng for the test peer's `say` steps (tests/peer/, examples/);
-# iproute2 and nftables for the NAT tests' network namespaces (tests/support/netns.py);
-# redis-server and haproxy for the cluster tests (tests/cluster/ starts its own on loopback).
+# (sip-tester, the SIP tests' caller: tests/sip/), baresip-core (a softphone) and kamailio
+# (the SIP proxy) for the interop tests against software nobody here wrote; redis-server and
+# haproxy for the cluster tests (tests/cluster/ starts its own on loopback); espeak-ng for
+# the test peer's `say` steps (tests/peer/, examples/); iproute2 and nftables for the NAT
+# tests' network namespaces (tests/support/netns.py), conntrack to flush a NAT's state when
+# its address changes mid-call (tests/web/test_web_nat_netns.py).
 missing=()
 for pkg in chromium firefox-esr coturn ffmpeg python3-gi gir1.2-gstreamer-1.0 \
     gir1.2-gst-plugins-base-1.0 gir1.2-gst-plugins-bad-1.0 gstreamer1.0-plugins-base \
     gstreamer1.0-plugins-good gstreamer1.0-plugins-bad gstreamer1.0-nice sip-tester \
-    redis-server haproxy espeak-ng iproute2 nftables; do
+    redis-server haproxy baresip-core kamailio espeak-ng iproute2 nftables conntrack; do
   dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
 done
 SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"

@@ -3,7 +3,9 @@
 `POST /v1/realtime/calls` (application/sdp offer, or multipart `sdp` + `session`, and a
 `voice_audio` recording where `--max-voice-upload-bytes` allows it) creates a
 call and answers `201 Created` with the SDP answer, `Location`, `ETag` and one `Link` per ICE
-server. The call resource then takes `GET` (its session and live stats), `DELETE` /
+server. The call resource then takes `GET` (its session and live stats; every other call,
+RTP, media-stream or SIP, answers it too with its `transport`, SIP calls with their
+signalling state through the registered `CallDirectory`s, even before a leg exists), `DELETE` /
 `POST .../hangup` (end it), `PATCH` (trickled ICE candidates, or an ICE restart with new
 credentials: RFC 9725 section 4.4, `If-Match` required, answered 200 with the agent's new
 credentials and a new `ETag`) and `POST` of a new SDP offer (a re-offer restarting ICE, for
@@ -17,7 +19,7 @@ from __future__ import annotations
 import hashlib
 import secrets
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Protocol
 
 from aiohttp import BodyPartReader, web
 
@@ -101,6 +103,34 @@ def etag_of(call_id: str, generation: int = 0) -> str:
 
 ETAG_KEY = secrets.token_bytes(16)
 RESOURCES_KEY = web.AppKey("call_resources", CallResources)
+
+
+class CallDirectory(Protocol):
+    """Calls known to signalling beyond the leg registry (SIP calls: ringing, answered or
+    ended), for `GET`, `DELETE` and `/hangup` of `/v1/realtime/calls/{id}`."""
+
+    def describe(self, call_id: str, principal: Principal) -> dict[str, Any] | None:
+        """The call's fields (`status`, `transport`, ...), None when unknown or not the
+        principal's."""
+
+    async def end(self, call_id: str, principal: Principal) -> bool:
+        """End a call that has no leg yet (a CANCEL); False when it is not one of those."""
+
+
+CALL_DIRECTORIES_KEY = web.AppKey("call_directories", list)
+
+
+def add_call_directory(app: web.Application, directory: CallDirectory) -> None:
+    app[CALL_DIRECTORIES_KEY] = [*app.get(CALL_DIRECTORIES_KEY, []), directory]
+
+
+def directory_view(app: web.Application, call_id: str,
+                   principal: Principal) -> dict[str, Any] | None:
+    for directory in app.get(CALL_DIRECTORIES_KEY, ()):
+        view = directory.describe(call_id, principal)
+        if view is not None:
+            return dict(view)
+    return None
 
 
 def media_type(request: web.Request) -> str:
@@ -235,23 +265,34 @@ async def post_call(request: web.Request) -> web.Response:
 
 
 async def get_call(request: web.Request) -> web.Response:
-    resource = request.app[RESOURCES_KEY].lookup(
-        request.match_info["call_id"], principal_of(request)
-    )
-    call = request.app[AGENT_KEY].webrtc_legs.get(resource.call_id)
-    if call is None:
-        raise ApiError("call_not_found", "no such call", param="call_id", status=404)
-    return web.json_response(
-        {"id": call.id, "object": "realtime.call", "status": "active",
-         "session": call.describe_session(), "stats": call.stats()},
-        headers={"ETag": resource.etag},
-    )
+    """Any call: a WebRTC call (its session), an RTP, media-stream or SIP leg, or a SIP call
+    that has no leg (yet, or any more: ringing, ended); every one with its `transport`, SIP
+    calls with their signalling state from the call directories."""
+    call_id, principal = request.match_info["call_id"], principal_of(request)
+    leg = request.app[AGENT_KEY].legs.get(call_id)
+    signalling = directory_view(request.app, call_id, principal)
+    if leg is None or (signalling is None and leg.closing):
+        if signalling is None:
+            raise ApiError("call_not_found", "no such call", param="call_id", status=404)
+        return web.json_response({"id": call_id, "object": "realtime.call", **signalling})
+    resource = request.app[RESOURCES_KEY].lookup(call_id, principal)
+    body: dict[str, Any] = {"id": leg.id, "object": "realtime.call", "status": "active",
+                            "transport": leg.transport}
+    if isinstance(leg, WebRtcLeg):
+        body["session"] = leg.describe_session()
+    body.update({key: value for key, value in (signalling or {}).items() if key != "status"})
+    body["stats"] = leg.stats()
+    return web.json_response(body, headers={"ETag": resource.etag})
 
 
 async def delete_call(request: web.Request) -> web.Response:
-    resource = request.app[RESOURCES_KEY].lookup(
-        request.match_info["call_id"], principal_of(request)
-    )
+    call_id, principal = request.match_info["call_id"], principal_of(request)
+    if request.app[AGENT_KEY].legs.get(call_id) is None:
+        for directory in request.app.get(CALL_DIRECTORIES_KEY, ()):
+            if await directory.end(call_id, principal):  # a ringing SIP call: CANCEL
+                return web.json_response({"id": call_id, "object": "realtime.call",
+                                          "status": "ended"})
+    resource = request.app[RESOURCES_KEY].lookup(call_id, principal)
     await request.app[AGENT_KEY].hangup(resource.call_id)
     return web.json_response({"id": resource.call_id, "object": "realtime.call", "status": "ended"})
 

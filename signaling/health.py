@@ -10,12 +10,17 @@ from signaling.auth import principal_of
 from signaling.calls import RESOURCES_KEY
 from signaling.ice import rtc_network
 from signaling.keys import AGENT_KEY
+from signaling.sip.service import sip_health
 
 
 async def get_health(request: web.Request) -> web.Response:
     agent = request.app[AGENT_KEY]
-    return web.json_response({"status": "ok", "pid": os.getpid(), **agent.health(),
-                              "rtc": rtc_network(agent.settings)})
+    body = {"status": "ok", "pid": os.getpid(), **agent.health(),
+            "rtc": rtc_network(agent.settings)}
+    sip = sip_health(request.app)  # with --sip-listen: live transactions, dialogs, legs
+    if sip is not None:
+        body["sip"] = sip
+    return web.json_response(body)
 
 
 async def get_live(request: web.Request) -> web.Response:

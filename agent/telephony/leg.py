@@ -52,7 +52,7 @@ class TelephonyLeg(Leg):
         super().__init__(leg_id or f"{self.id_prefix}_{tagged_token(ID_TOKEN_BYTES)}",
                          agent.plugin,
                          agent.ticker, settings or agent.settings.call, agent.legs.discard)
-        self.codec = codec
+        self.codec = codec.for_leg()  # its own encoder/decoder state where it has one (G.722)
         self.dtmf_budget = TokenBucket(DTMF_RATE, DTMF_BURST)
         self.dtmf_refused = 0
         rate = self.capabilities.sample_rate

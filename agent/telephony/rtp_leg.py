@@ -40,6 +40,7 @@ from agent.telephony.codec import CODECS, NarrowbandCodec, codec_by_name
 from agent.telephony.dtmf_sender import DtmfSender
 from agent.telephony.leg import SEND_ERRORS, TelephonyLeg
 from agent.telephony.rtp_jitter import Concealer, InboundTicks, JitterBuffer
+from agent.telephony.srtp import SrtpTransform
 from agent.telephony.telephone_event import DEFAULT_PAYLOAD_TYPE as DEFAULT_DTMF_PAYLOAD_TYPE
 from agent.telephony.telephone_event import TelephoneEventDetector
 
@@ -173,7 +174,7 @@ class RtpLeg(TelephonyLeg):
         self.packets_sent = 0
         self.dtmf_payload_type = dtmf_payload_type
         self.telephone_events = TelephoneEventDetector()
-        self.dtmf_out = DtmfSender(codec.samples_per_chunk, codec.sample_rate)
+        self.dtmf_out = DtmfSender(codec.rtp_samples_per_chunk, codec.rtp_clock)
         self._payload_type = (
             codec.payload_type if codec.payload_type is not None else DEFAULT_DYNAMIC_PAYLOAD_TYPE
         )
@@ -183,6 +184,7 @@ class RtpLeg(TelephonyLeg):
         self._first_packet = True
         self._send_clock = agent.send_clock
         self._leave_send_clock: Callable[[], None] | None = None
+        self.srtp: SrtpTransform | None = None  # SDES-SRTP: packets (un)protected (srtp.py)
 
     @property
     def local_text(self) -> str:
@@ -200,6 +202,11 @@ class RtpLeg(TelephonyLeg):
         if self.remote is not None and not self._from_remote(source):
             self.packets_foreign += 1
             return
+        if self.srtp is not None:
+            opened = self.srtp.unprotect(data)  # None: not authentic (counted there)
+            if opened is None:
+                return
+            data = opened
         try:
             packet = RtpPacket.parse(data)
         except ValueError:
@@ -308,8 +315,9 @@ class RtpLeg(TelephonyLeg):
             )
             self._first_packet = False
         self._sequence = (self._sequence + 1) & 0xFFFF
-        self._timestamp = (self._timestamp + self.codec.samples_per_chunk) & 0xFFFFFFFF
-        self.socket.sendto(packet.serialize(), self.remote)
+        self._timestamp = (self._timestamp + self.codec.rtp_samples_per_chunk) & 0xFFFFFFFF
+        data = packet.serialize()
+        self.socket.sendto(data if self.srtp is None else self.srtp.protect(data), self.remote)
         self.packets_sent += 1
 
     def send_dtmf(self, digits: str) -> None:
@@ -363,6 +371,7 @@ class RtpLeg(TelephonyLeg):
             "packet_ms_seen": sorted(self._ms(n) for n in self.inbound.packet_sizes_seen),
             "jitter": {**self.jitter.stats.to_dict(), "held": self.jitter.held,
                        "held_bytes": self.jitter.held_bytes},
+            **({"srtp": self.srtp.stats()} if self.srtp is not None else {}),
         }
 
 

@@ -5,20 +5,26 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 from standardwebhooks import Webhook
 
 from agent.telephony.address_policy import DEFAULT_RTP_ALLOW, IPNetwork, parse_networks
+from signaling.sip import guard as sip_guard
+from signaling.sip import sdes as sip_sdes
+from signaling.sip import tls as sip_tls
+from signaling.sip.caller_auth import CallerAuthSettings, load_auth_file
 from signaling.sip.message import MAX_MESSAGE_BYTES
 from signaling.sip.timers import TimerSettings
+from signaling.sip.trunks import Trunk, load_trunks
 from signaling.telephony import network_argument
 
 WILDCARDS = ("0.0.0.0", "::")
 WEBHOOK_SECRET_ENV = "AGENT_WEBHOOK_SECRET"
 DEFAULT_ACCEPT_TIMEOUT = 10.0
+DEFAULT_RING_TIMEOUT = 60.0  # an outbound call not answered by then ends no_answer
 
 
 @dataclass(frozen=True)
@@ -35,6 +41,13 @@ class SipConfig:
     webhook_url: str | None = None
     webhook_secret: str | None = field(default=None, repr=False)  # whsec_...
     accept_timeout: float = DEFAULT_ACCEPT_TIMEOUT  # no answer by then: 480
+    # Outbound calls (POST /v1/sip/calls): named trunks, and how long one may ring.
+    trunks: Mapping[str, Trunk] = field(default_factory=dict)
+    ring_timeout: float = DEFAULT_RING_TIMEOUT
+    guard: sip_guard.GuardSettings = field(default_factory=sip_guard.GuardSettings)  # guard.py
+    tls: sip_tls.SipTlsSettings | None = None  # --sip-tls-cert: also SIP over TLS (tls.py)
+    srtp: str = sip_sdes.DEFAULT_MODE  # --sip-srtp off|offer|require (sdes.py)
+    caller_auth: CallerAuthSettings | None = None  # --sip-auth-file (caller_auth.py)
 
     @property
     def advertised_host(self) -> str:
@@ -113,11 +126,30 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        default=DEFAULT_ACCEPT_TIMEOUT, metavar="S",
                        help="with --sip-webhook, answer 480 when no accept or reject came "
                        f"within S seconds (default {DEFAULT_ACCEPT_TIMEOUT:g})")
+    sip_guard.add_arguments(group)  # --sip-invite-rate/-burst/-table
+    sip_tls.add_arguments(group, parse_listen)  # --sip-tls-cert/-key/-listen/-ca
+    sip_sdes.add_arguments(group)  # --sip-srtp
+    group.add_argument("--sip-auth-file", default=None, metavar="FILE",
+                       help='JSON {"realm": "...", "users": {"alice": "password" | {"ha1": '
+                       '"..."}}}: challenge INVITEs and other out-of-dialog requests with '
+                       "digest (401), 403 for wrong credentials (default: no challenge)")
+    group.add_argument("--sip-trunks", default=None, metavar="FILE",
+                       help="JSON object of named trunks for POST /v1/sip/calls, e.g. "
+                       '{"t1": {"proxy": "sip:HOST:PORT", "username": "...", "password": '
+                       '"..."}} (credentials stay in the file; docs/sip.md#trunks)')
+    group.add_argument("--sip-ring-timeout", type=seconds_between(1, 600),
+                       default=DEFAULT_RING_TIMEOUT, metavar="S",
+                       help="an outbound call not answered within S seconds is cancelled "
+                       f"and ends no_answer (default {DEFAULT_RING_TIMEOUT:g})")
 
 
 def config_from_args(args: argparse.Namespace) -> SipConfig | None:
     """The SIP settings, or None without --sip-listen. ValueError: an inconsistent set."""
+    trunks_file = getattr(args, "sip_trunks", None)
     if args.sip_listen is None:
+        if trunks_file:
+            raise ValueError("--sip-trunks needs --sip-listen: outbound calls leave from the "
+                             "SIP user agent's address")
         return None
     host, port = args.sip_listen
     if host in WILDCARDS and not args.sip_advertise:
@@ -134,4 +166,11 @@ def config_from_args(args: argparse.Namespace) -> SipConfig | None:
         allowed_networks=parse_networks(args.sip_allow or DEFAULT_RTP_ALLOW),
         ring_seconds=args.sip_ring_seconds, webhook_url=args.sip_webhook,
         webhook_secret=secret, accept_timeout=args.sip_accept_timeout,
+        guard=sip_guard.settings_from_args(args),
+        tls=sip_tls.settings_from_args(args, host, port),
+        trunks=load_trunks(trunks_file) if trunks_file else {},
+        ring_timeout=getattr(args, "sip_ring_timeout", DEFAULT_RING_TIMEOUT),
+        srtp=getattr(args, "sip_srtp", sip_sdes.DEFAULT_MODE),
+        caller_auth=(load_auth_file(args.sip_auth_file)
+                     if getattr(args, "sip_auth_file", None) else None),
     )

@@ -26,6 +26,7 @@ from agent.telephony.rtp_leg import (
     bind_rtp_port,
     check_remote,
 )
+from agent.telephony.srtp import SrtpKeys, SrtpTransform
 from signaling.auth import Principal
 from signaling.sip.sdp import AudioChoice
 
@@ -52,6 +53,7 @@ class SipRtpLeg(RtpLeg):
     def apply(self, choice: AudioChoice, direction: str) -> None:
         """Direction and remote address from an offer (the initial INVITE or a re-INVITE)."""
         self.direction = direction
+        self._payload_type = choice.payload_type  # the offer's own, dynamic ones (L16) too
         self.agent_sends = choice.agent_sends
         self.caller_sends = choice.caller_sends
         if choice.remote is not None and choice.remote != self.remote:
@@ -86,7 +88,8 @@ class SipRtpLeg(RtpLeg):
 async def open_sip_leg(agent: MediaAgent, choice: AudioChoice, settings: RtpSettings,
                        sip_call_id: str, on_closed: LegClosed, *, leg_id: str | None = None,
                        session: SessionConfig | None = None,
-                       owner: Principal = SIP_OWNER) -> SipRtpLeg:
+                       owner: Principal = SIP_OWNER,
+                       srtp: SrtpKeys | None = None) -> SipRtpLeg:
     """Admit, bind, open the plugin session (`session`, else the server's default) and
     start sending. Raises CallError (full, draining, no port) or PluginError."""
     remote: Address | None = choice.remote
@@ -96,6 +99,8 @@ async def open_sip_leg(agent: MediaAgent, choice: AudioChoice, settings: RtpSett
         transport, protocol, port = await bind_rtp_port(settings)
         leg = SipRtpLeg(agent, choice.codec, transport, (settings.local_host, port), remote,
                         settings, dtmf_payload_type=choice.dtmf_payload_type, leg_id=leg_id)
+    if srtp is not None:
+        leg.srtp = SrtpTransform(srtp)  # SDES-SRTP (sdes.py): before any packet moves
     protocol.leg = leg
     leg._protocol = protocol
     leg.owner = owner

@@ -3,10 +3,12 @@
 A SIP offer may carry several streams, codecs by static or dynamic payload type,
 telephone-event, a direction (hold is `a=sendonly`/`inactive`, or an old-style
 `c=0.0.0.0`) at session or media level. The agent takes the first audio stream over
-RTP/AVP that offers PCMU or PCMA (in the offerer's order of preference) and telephone-event
-at 8000 Hz where offered, answers every other stream with port 0 as RFC 3264 §6 requires,
-and mirrors the direction. Offers it cannot serve come back as `SdpError` with the status
-to answer (488), never as an exception.
+RTP/AVP that offers a codec it speaks: wideband first where offered (G.722 on its static
+type 9, whose rtpmap says 8000 by RFC 3551's rule although it samples at 16000, then
+L16/16000 on a dynamic type), else PCMU or PCMA in the offerer's order of preference; and
+telephone-event on the codec's RTP clock where offered, answers every other stream with
+port 0 as RFC 3264 §6 requires, and mirrors the direction. Offers it cannot serve come back
+as `SdpError` with the status to answer (488), never as an exception.
 
 (WebRTC offers are another matter, handled by aiortc: agent/webrtc/sdp.py.)
 """
@@ -16,13 +18,18 @@ from __future__ import annotations
 import ipaddress
 from dataclasses import dataclass, field
 
-from agent.telephony.codec import PCMA, PCMU, NarrowbandCodec
+from agent.telephony.codec import G722, L16_16K, PCMA, PCMU, NarrowbandCodec
 
 MAX_SDP_BYTES = 16 * 1024
 DIRECTIONS = ("sendrecv", "sendonly", "recvonly", "inactive")
 ANSWER_DIRECTION = {"sendrecv": "sendrecv", "sendonly": "recvonly", "recvonly": "sendonly",
                     "inactive": "inactive"}
-STATIC_CODECS: dict[int, NarrowbandCodec] = {0: PCMU, 8: PCMA}
+STATIC_CODECS: dict[int, NarrowbandCodec] = {0: PCMU, 8: PCMA, 9: G722}
+DYNAMIC_CODECS: dict[tuple[str, int], NarrowbandCodec] = {("L16", 16000): L16_16K}
+# What a SIP call may use, and the codecs taken first whenever offered (in this order),
+# before the offerer's own order applies to the rest.
+SIP_CODECS = ("G722", "L16/16000", "PCMU", "PCMA")
+PREFERRED = ("G722", "L16/16000")
 TELEPHONE_EVENT = "telephone-event"
 
 
@@ -42,6 +49,7 @@ class MediaDescription:
     formats: list[str]
     address: str | None = None  # the c= that applies (media level, else session level)
     rtpmap: dict[int, tuple[str, int]] = field(default_factory=dict)  # pt → (NAME, rate)
+    multichannel: set[int] = field(default_factory=set)  # pts whose rtpmap names 2+ channels
     fmtp: dict[int, str] = field(default_factory=dict)
     direction: str | None = None  # media-level attribute, if any
     ptime: int | None = None
@@ -70,6 +78,7 @@ class AudioChoice:
     remote: tuple[str, int] | None  # None: on hold the old way (c=0.0.0.0)
     offer_direction: str
     ptime: int | None
+    proto: str = "RTP/AVP"  # or RTP/SAVP (SDES-SRTP, sdes.py)
 
     @property
     def answer_direction(self) -> str:
@@ -165,6 +174,8 @@ def _attribute(value: str, media: MediaDescription | None) -> str | None:
         pieces = encoding.strip().split("/")
         if pt_text.isdigit() and len(pieces) >= 2 and pieces[1].isdigit():
             media.rtpmap[int(pt_text)] = (pieces[0].upper(), int(pieces[1]))
+            if len(pieces) >= 3 and pieces[2].strip() != "1":
+                media.multichannel.add(int(pt_text))  # e.g. L16/16000/2: the agent is mono
     elif name == "fmtp":
         pt_text, _, params = rest.partition(" ")
         if pt_text.isdigit():
@@ -175,49 +186,62 @@ def _attribute(value: str, media: MediaDescription | None) -> str | None:
 
 
 def _codec_for(media: MediaDescription, pt: int) -> NarrowbandCodec | None:
-    """PCMU/PCMA on their static payload types (an rtpmap, if any, must agree): the RTP leg
-    takes G.711 on its static type only."""
-    codec = STATIC_CODECS.get(pt)
+    """PCMU/PCMA/G.722 on their static payload types (an rtpmap, if any, must agree: the RTP
+    leg takes them on their static type only); L16/16000 on a dynamic type by its rtpmap."""
     mapped = media.rtpmap.get(pt)
-    if codec is None or (mapped is not None and mapped != (codec.name, codec.sample_rate)):
+    if pt in media.multichannel:
+        return None
+    if 96 <= pt <= 127:
+        return DYNAMIC_CODECS.get(mapped) if mapped is not None else None
+    codec = STATIC_CODECS.get(pt)
+    if codec is None or (mapped is not None and mapped != (codec.encoding, codec.rtp_clock)):
         return None
     return codec
 
 
-def choose_audio(offer: SessionDescription,
-                 codecs: tuple[str, ...] = ("PCMU", "PCMA")) -> AudioChoice | SdpError:
-    """The first audio stream the agent can serve, with the offerer's first usable codec."""
+def choose_audio(offer: SessionDescription, codecs: tuple[str, ...] = SIP_CODECS,
+                 prefer: tuple[str, ...] = PREFERRED,
+                 protos: tuple[str, ...] = ("RTP/AVP",)) -> AudioChoice | SdpError:
+    """The first audio stream over one of `protos` the agent can serve, with the first of
+    `prefer` it offers, else the offerer's first usable codec among `codecs`."""
     wanted = {name.upper() for name in codecs}
+    rank = {name.upper(): index for index, name in enumerate(prefer)}
     saw_audio = False
     for index, media in enumerate(offer.media):
         if media.media != "audio" or media.port == 0:
             continue
         saw_audio = True
-        if media.proto.upper() != "RTP/AVP":
+        if media.proto.upper() not in protos:
             continue
         chosen: tuple[NarrowbandCodec, int] | None = None
-        dtmf: int | None = None
+        events: dict[int, int] = {}  # telephone-event's clock rate → its first payload type
         for fmt in media.formats:
             if not fmt.isdigit():
                 continue
             pt = int(fmt)
             mapped = media.rtpmap.get(pt)
-            if mapped is not None and mapped[0] == TELEPHONE_EVENT.upper() and mapped[1] == 8000:
-                dtmf = dtmf if dtmf is not None else pt
+            if mapped is not None and mapped[0] == TELEPHONE_EVENT.upper():
+                events.setdefault(mapped[1], pt)
                 continue
             codec = _codec_for(media, pt)
-            if chosen is None and codec is not None and codec.name in wanted:
+            if codec is None or codec.name.upper() not in wanted:
+                continue
+            if chosen is None or (rank.get(codec.name.upper(), len(rank))
+                                  < rank.get(chosen[0].name.upper(), len(rank))):
                 chosen = (codec, pt)
         if chosen is None:
             continue
+        dtmf = events.get(chosen[0].rtp_clock)  # on the audio's own RTP clock (RFC 4733)
         remote, problem = _remote(media)
         if problem is not None:
             return problem
         return AudioChoice(index, chosen[0], chosen[1], dtmf, media.fmtp.get(dtmf) if dtmf
-                           is not None else None, remote, offer.direction_of(media), media.ptime)
+                           is not None else None, remote, offer.direction_of(media), media.ptime,
+                           media.proto.upper())
     if not saw_audio:
         return SdpError("no_audio_stream", "the offer has no audio stream", warning=304)
-    return SdpError("no_common_codec", "no audio stream offers PCMU or PCMA over RTP/AVP")
+    return SdpError("no_common_codec", "no audio stream offers "
+                    f"{', '.join(codecs)} over {' or '.join(protos)}")
 
 
 def _remote(media: MediaDescription) -> tuple[tuple[str, int] | None, SdpError | None]:
@@ -234,9 +258,10 @@ def _remote(media: MediaDescription) -> tuple[tuple[str, int] | None, SdpError |
 
 def build_answer(offer: SessionDescription, choice: AudioChoice, local_ip: str,
                  local_port: int, session_id: int, version: int,
-                 direction: str | None = None) -> bytes:
+                 direction: str | None = None, extra: tuple[str, ...] = ()) -> bytes:
     """The answer: the chosen stream with one codec (and telephone-event), every other
-    stream refused with port 0, the direction mirrored (or `direction` when given)."""
+    stream refused with port 0, the direction mirrored (or `direction` when given);
+    `extra` attribute lines go on the chosen stream (SDES's a=crypto)."""
     family = "IP6" if ":" in local_ip else "IP4"
     lines = [
         "v=0",
@@ -252,12 +277,14 @@ def build_answer(offer: SessionDescription, choice: AudioChoice, local_ip: str,
         formats = [str(choice.payload_type)]
         if choice.dtmf_payload_type is not None:
             formats.append(str(choice.dtmf_payload_type))
-        lines.append(f"m=audio {local_port} RTP/AVP {' '.join(formats)}")
+        lines.append(f"m=audio {local_port} {choice.proto} {' '.join(formats)}")
         codec = choice.codec
-        lines.append(f"a=rtpmap:{choice.payload_type} {codec.name}/{codec.sample_rate}")
+        lines.append(f"a=rtpmap:{choice.payload_type} {codec.encoding}/{codec.rtp_clock}")
         if choice.dtmf_payload_type is not None:
-            lines.append(f"a=rtpmap:{choice.dtmf_payload_type} {TELEPHONE_EVENT}/8000")
+            lines.append(f"a=rtpmap:{choice.dtmf_payload_type} {TELEPHONE_EVENT}/"
+                         f"{codec.rtp_clock}")
             lines.append(f"a=fmtp:{choice.dtmf_payload_type} {choice.dtmf_fmtp or '0-16'}")
         lines.append("a=ptime:20")
+        lines.extend(extra)
         lines.append(f"a={direction or choice.answer_direction}")
     return ("\r\n".join(lines) + "\r\n").encode("ascii", "replace")

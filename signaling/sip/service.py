@@ -19,6 +19,9 @@ from agent.cli_errors import CliError, exit_with_error
 from signaling.keys import AGENT_KEY
 from signaling.sip.api import install_routes
 from signaling.sip.config import SipConfig, config_from_args
+from signaling.sip.outbound import Dialer
+from signaling.sip.outbound_api import install_routes as install_outbound_routes
+from signaling.sip.refer import Transfers
 from signaling.sip.ua import UserAgent
 from signaling.telephony import TELEPHONY_KEY, TelephonyConfig
 
@@ -33,6 +36,8 @@ class SipService:
     def __init__(self, config: SipConfig) -> None:
         self.config = config
         self.ua: UserAgent | None = None
+        self.dialer: Dialer | None = None  # outbound calls (outbound.py)
+        self.transfers: Transfers | None = None  # REFER (refer.py)
 
 
 SIP_SERVICE_KEY = web.AppKey("sip_service", SipService)
@@ -53,23 +58,57 @@ def install(app: web.Application, config: SipConfig) -> SipService:
                            f"{config.listen_host}:{config.listen_port}: {exc.strerror or exc}"
                            ) from None
         service.ua = ua
+        dialer, transfers = Dialer(ua), Transfers(ua)
+        service.dialer, service.transfers = dialer, transfers
         try:
             yield
         finally:
-            service.ua = None
+            service.ua = service.dialer = service.transfers = None
+            await transfers.close()
+            await dialer.close()
             await ua.stop()
 
     app.cleanup_ctx.append(lifetime)
     app.router.add_get(STATS_PATH, get_stats)
     install_routes(app, lambda app: app[SIP_SERVICE_KEY].ua)  # accept/reject (--sip-webhook)
+    install_outbound_routes(app, running_services)  # /v1/sip/calls, .../refer
     return service
 
 
+def running_services(app: web.Application) -> tuple[UserAgent, Dialer, Transfers] | None:
+    service = app[SIP_SERVICE_KEY]
+    if service.ua is None or service.dialer is None or service.transfers is None:
+        return None
+    return service.ua, service.dialer, service.transfers
+
+
 async def get_stats(request: web.Request) -> web.Response:
-    ua = request.app[SIP_SERVICE_KEY].ua
+    service = request.app[SIP_SERVICE_KEY]
+    ua = service.ua
     if ua is None:
         return web.json_response({"running": False})
-    return web.json_response({"running": True, **ua.stats()})
+    extra = {}
+    if service.dialer is not None and service.transfers is not None:
+        extra = {"outbound": service.dialer.stats(), "transfers": service.transfers.stats()}
+    return web.json_response({"running": True, **ua.stats(), **extra})
+
+
+def sip_health(app: web.Application) -> dict[str, object] | None:
+    """The SIP section of `/health` (None without --sip-listen): what is alive right now, so a
+    leak of transactions, dialogs or legs shows between calls."""
+    service = app.get(SIP_SERVICE_KEY)
+    if service is None:
+        return None
+    ua = service.ua
+    if ua is None:
+        return {"running": False}
+    outbound = len(service.dialer.live) if service.dialer is not None else 0
+    return {"running": True, "transactions": ua.transactions.stats(),
+            "dialogs": len(ua.calls) + outbound, "outbound_dialogs": outbound,
+            "legs": app[AGENT_KEY].legs.count_by_transport().get("sip", 0),
+            "tasks": len(ua.tasks), "invite_limit": ua.guard.stats(),
+            "spoofed_in_dialog": ua.counters["spoofed_in_dialog"],
+            "internal_errors": ua.counters["internal_errors"]}
 
 
 def install_from_args(app: web.Application, args: argparse.Namespace) -> None:

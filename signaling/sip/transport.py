@@ -1,4 +1,5 @@
-"""SIP over UDP and TCP on one address (RFC 3261 §18): bytes in, bytes out, nothing more.
+"""SIP over UDP and TCP on one address, and TLS beside them (tls.py) (RFC 3261 §18): bytes
+in, bytes out, nothing more.
 
 The UDP socket hands each datagram to the user agent as one message. TCP connections cut
 their byte stream into messages by Content-Length (`message.frame_stream`), answer RFC 5626
@@ -16,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import logging
+import ssl
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -36,7 +38,7 @@ MAX_DATAGRAM = 65535
 class Flow:
     """The path a message came by, and the way back along it."""
 
-    transport: str  # "UDP" or "TCP"
+    transport: str  # "UDP", "TCP" or "TLS"
     remote: Address
     local: Address
     send: Callable[[bytes], None]  # raises ConnectionError when a TCP flow is gone
@@ -70,8 +72,11 @@ class _UdpProtocol(asyncio.DatagramProtocol):
 
 
 class TcpConnection(asyncio.Protocol):
-    def __init__(self, owner: SipTransports) -> None:
+    """One stream connection: plain TCP, or TLS (`kind`), the same framing either way."""
+
+    def __init__(self, owner: SipTransports, kind: str = "TCP") -> None:
         self.owner = owner
+        self.kind = kind
         self.transport: asyncio.Transport | None = None
         self.remote: Address = ("", 0)
         self.local: Address = ("", 0)
@@ -85,7 +90,7 @@ class TcpConnection(asyncio.Protocol):
         self.transport = transport
         self.remote = _address(transport.get_extra_info("peername"))
         self.local = _address(transport.get_extra_info("sockname"))
-        self.flow = Flow("TCP", self.remote, self.local, self.write)
+        self.flow = Flow(self.kind, self.remote, self.local, self.write)
         if not self.owner.admit_connection(self):
             transport.abort()
             self.closed = True
@@ -99,7 +104,7 @@ class TcpConnection(asyncio.Protocol):
 
     def write(self, data: bytes) -> None:
         if self.closed or self.transport is None or self.transport.is_closing():
-            raise ConnectionError("the TCP connection is closed")
+            raise ConnectionError(f"the {self.kind} connection is closed")
         self.transport.write(data)
 
     def data_received(self, data: bytes) -> None:
@@ -154,6 +159,9 @@ class SipTransports:
         self.port = 0
         self._udp: asyncio.DatagramTransport | None = None
         self._tcp: asyncio.Server | None = None
+        self._tls: asyncio.Server | None = None
+        self.tls_port = 0
+        self.client_tls: ssl.SSLContext | None = None  # for connections the agent opens
         self.connections: dict[Address, TcpConnection] = {}
         self.refused_connections = 0
         self._refusals = LogThrottle(5.0)
@@ -183,6 +191,17 @@ class SipTransports:
         self._udp = udp
         self.host, self.port = host, bound
         return bound
+
+    async def start_tls(self, host: str, port: int, context: ssl.SSLContext,
+                        client_context: ssl.SSLContext) -> int:
+        """Also listen for SIP over TLS (tls.py); returns the port."""
+        loop = asyncio.get_running_loop()
+        self._tls = await loop.create_server(lambda: TcpConnection(self, "TLS"), host, port,
+                                             ssl=context, reuse_address=True,
+                                             ssl_handshake_timeout=TCP_CONNECT_SECONDS)
+        self.tls_port = int(self._tls.sockets[0].getsockname()[1])
+        self.client_tls = client_context
+        return self.tls_port
 
     # -- inbound ----------------------------------------------------------------------------
 
@@ -227,20 +246,28 @@ class SipTransports:
         return send
 
     async def flow_to(self, transport: str, to: Address) -> Flow:
-        """A way to send to `to`: the UDP socket, or a TCP connection (reused or opened)."""
+        """A way to send to `to`: the UDP socket, or a TCP or TLS connection (reused or
+        opened; a TLS one verifies the far end's certificate)."""
         if transport == "UDP":
             return Flow("UDP", to, (self.host, self.port), self.udp_sender(to))
-        if transport != "TCP":
-            raise ConnectionError(f"SIP over {transport} is not served yet")
+        if transport not in ("TCP", "TLS"):
+            raise ConnectionError(f"SIP over {transport} is not served")
         existing = self.connections.get(to)
-        if existing is not None and not existing.closed and existing.flow is not None:
+        if (existing is not None and not existing.closed and existing.flow is not None
+                and existing.kind == transport):
             return existing.flow
         loop = asyncio.get_running_loop()
-        _, connection = await asyncio.wait_for(
-            loop.create_connection(lambda: TcpConnection(self), to[0], to[1]),
-            TCP_CONNECT_SECONDS)
+        if transport == "TLS":
+            if self.client_tls is None:
+                raise ConnectionError("SIP over TLS needs --sip-tls-cert/--sip-tls-key")
+            opening = loop.create_connection(lambda: TcpConnection(self, "TLS"), to[0], to[1],
+                                             ssl=self.client_tls, server_hostname=to[0],
+                                             ssl_handshake_timeout=TCP_CONNECT_SECONDS)
+        else:
+            opening = loop.create_connection(lambda: TcpConnection(self), to[0], to[1])
+        _, connection = await asyncio.wait_for(opening, TCP_CONNECT_SECONDS)
         if connection.flow is None or connection.closed:
-            raise ConnectionError(f"the TCP connection to {to[0]}:{to[1]} was refused")
+            raise ConnectionError(f"the {transport} connection to {to[0]}:{to[1]} was refused")
         return connection.flow
 
     # -- teardown ---------------------------------------------------------------------------
@@ -252,12 +279,14 @@ class SipTransports:
         for connection in list(self.connections.values()):
             connection.close()
         self.connections.clear()
-        if self._tcp is not None:
-            self._tcp.close()
-            await self._tcp.wait_closed()
-            self._tcp = None
+        for server in (self._tcp, self._tls):
+            if server is not None:
+                server.close()
+                await server.wait_closed()
+        self._tcp = self._tls = None
 
     def stats(self) -> dict[str, int]:
-        return {"tcp_connections": len(self.connections),
+        kinds = [connection.kind for connection in self.connections.values()]
+        return {"tcp_connections": kinds.count("TCP"), "tls_connections": kinds.count("TLS"),
                 "tcp_refused": self.refused_connections}
 

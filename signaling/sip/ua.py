@@ -5,16 +5,21 @@ Every message from the transports is parsed (message.py); a request from outside
 dropped), a retransmission is absorbed by its transaction (transaction.py). Then, by method:
 
 - INVITE (new): 100 Trying at once; 503 while the plugin is not up, the server drains or is
-  full; 415/488 for an offer the agent cannot serve (no SDP, no PCMU/PCMA, a media address
-  outside `--rtp-allow`); otherwise 180 Ringing, an RTP leg opened through the media agent's
-  admission (media.py), and 200 OK with the SDP answer, retransmitted (T1 doubling to T2)
-  until the ACK. No ACK within 64*T1: the call is ended with a BYE. With `--sip-webhook`,
-  between the 180 and the leg: `realtime.call.incoming` posted (a task of the call's), and
-  the call rings until the application's accept (api.py: the leg opens with its session)
-  or reject (that status), or 480 after `--sip-accept-timeout`.
+  full; 415/488 for an offer the agent cannot serve (no codec it speaks, a media address
+  outside `--rtp-allow`, RTP/SAVP without a usable key: sdes.py); no SDP at all is a late
+  offer (update.py: our offer in the 200, the answer in the ACK); otherwise 180 Ringing, an
+  RTP leg opened through the media agent's admission (media.py), and 200 OK with the SDP
+  answer, retransmitted (T1 doubling to T2) until the ACK. No ACK within 64*T1: the call is
+  ended with a BYE. With `--sip-webhook`, between the 180 and the leg:
+  `realtime.call.incoming` posted (a task of the call's), and the call rings until the
+  application's accept (api.py: the leg opens with its session) or reject (that status), or
+  480 after `--sip-accept-timeout`.
 - CANCEL before the answer: 200, then 487 to the INVITE, and the pending call is freed.
 - re-INVITE: hold/resume and a moved remote (200 with the mirrored direction), 488 for an
   unusable offer (the call goes on), 491 while an offer/answer is still open.
+- UPDATE (RFC 3311): an offer answered in its 200 like a re-INVITE's; without SDP a target
+  refresh. With `--sip-auth-file`, out-of-dialog requests are challenged first
+  (caller_auth.py).
 - BYE: 200 and the leg ends. The agent's own BYE (the leg ended: HTTP hang-up, idle timeout,
   drain, shutdown) goes to the remote target through the route set, on a client transaction.
 - OPTIONS: 200 with Allow/Accept, 503 while draining, full or not ready (probes).
@@ -50,8 +55,13 @@ from agent.telephony.address_policy import refusal_for
 from agent.telephony.rtp_leg import RtpSettings
 from agent.worker_tag import ID_TOKEN_BYTES, tagged_token
 from signaling.auth import Principal
+from signaling.sip import sdes
+from signaling.sip import tls as sip_tls
+from signaling.sip.caller_auth import CallerAuth
 from signaling.sip.config import WILDCARDS, SipConfig
 from signaling.sip.dialog import Dialog, DialogId, new_tag
+from signaling.sip.guard import InviteLimiter, Verdict, dialog_sources, source_allowed
+from signaling.sip.hooks import DialogHooks
 from signaling.sip.media import SIP_OWNER, SipRtpLeg, open_sip_leg
 from signaling.sip.message import (
     REASONS,
@@ -63,6 +73,7 @@ from signaling.sip.message import (
     parse_via,
 )
 from signaling.sip.sdp import (
+    SIP_CODECS,
     AudioChoice,
     SdpError,
     SessionDescription,
@@ -84,13 +95,14 @@ from signaling.sip.transaction import (
     CONFIRMED as TX_CONFIRMED,
 )
 from signaling.sip.transport import Flow, SipTransports
+from signaling.sip.update import own_offer, take_answer
 from signaling.sip.uri import Uri
 
 log = logging.getLogger(__name__)
 
-ALLOW = "INVITE, ACK, BYE, CANCEL, OPTIONS"
+ALLOW = "INVITE, ACK, BYE, CANCEL, OPTIONS, UPDATE"
 KNOWN_UNSUPPORTED = frozenset({"REGISTER", "SUBSCRIBE", "NOTIFY", "REFER", "MESSAGE", "INFO",
-                               "UPDATE", "PRACK", "PUBLISH"})
+                               "PRACK", "PUBLISH"})
 SERVER_NAME = "duplex-agent"
 RETRY_AFTER_SECONDS = 5
 STOP_GRACE_SECONDS = 2.0
@@ -132,6 +144,8 @@ class SipCall:
     call_id: str = field(default_factory=lambda: f"sip_{tagged_token(ID_TOKEN_BYTES)}")
     decision: asyncio.Future[Decision] | None = None  # waiting for accept/reject (webhook)
     outcome: asyncio.Future[AgentError | None] | None = None  # what an accept came to
+    srtp: sdes.SdesAnswer | None = None  # SDES-SRTP keys and our a=crypto (sdes.py)
+    awaiting_answer: bool = False  # our offer went in a 2xx: the answer comes in the ACK
 
     @property
     def pending(self) -> bool:
@@ -177,11 +191,22 @@ class UserAgent:
         self.counters: Counter[str] = Counter()
         self.setup_ms: deque[float] = deque(maxlen=SETUP_SAMPLES)  # INVITE → 200 OK
         self._noise = LogThrottle(1.0)
+        self.guard = InviteLimiter(config.guard)  # INVITE flood limit (guard.py)
+        # Dialogs served outside this core: outbound calls, a transfer's NOTIFYs (hooks.py).
+        self.dialog_hooks = DialogHooks()
+        # --sip-auth-file: digest challenges for callers (caller_auth.py)
+        self.caller_auth = CallerAuth(config.caller_auth) if config.caller_auth else None
 
     # -- lifetime ---------------------------------------------------------------------------
 
     async def start(self) -> int:
         port = await self.transports.start(self.config.listen_host, self.config.listen_port)
+        tls = self.config.tls
+        if tls is not None:
+            tls_port = await self.transports.start_tls(tls.host, tls.port,
+                                                       sip_tls.server_context(tls),
+                                                       sip_tls.client_context(tls))
+            log.info("sip: listening on tls %s:%d", tls.host, tls_port)
         if self.config.webhook_url:
             self._http = aiohttp.ClientSession()
             log.info("sip: incoming calls wait up to %g s for an accept or reject after the "
@@ -194,6 +219,10 @@ class UserAgent:
     @property
     def port(self) -> int:
         return self.transports.port
+
+    def port_for(self, transport: str) -> int:
+        """The port this agent is reached at over `transport` (TLS listens apart)."""
+        return self.transports.tls_port if transport == "TLS" else self.transports.port
 
     async def stop(self) -> None:
         """End every call (BYE where answered, 503 where still ringing), give the BYEs a
@@ -230,6 +259,7 @@ class UserAgent:
             "transport": self.transports.stats(),
             "tasks": len(self.tasks),
             "counters": dict(self.counters),
+            "guard": self.guard.stats(),
             "invite_to_200_ms": {
                 "count": len(setup),
                 "p50": round(setup[len(setup) // 2], 2) if setup else None,
@@ -300,6 +330,8 @@ class UserAgent:
             self.counters["retransmissions_absorbed"] += 1
             existing.on_request(request)
             return
+        if self._guarded(request, flow):
+            return
         tx = self.transactions.new_server(request, self._response_sender(request, flow),
                                           flow.reliable)
         if request.method == "INVITE":
@@ -308,6 +340,16 @@ class UserAgent:
         if unsupported:
             tx.respond(self._response(request, 420, headers=[("Unsupported", unsupported)]))
             return
+        if request.to_addr.tag and self.dialog_hooks.handle(dialog_id_of(request), request, tx):
+            return
+        if self.caller_auth is not None and not request.to_addr.tag:
+            auth_refusal = self.caller_auth.check(request)
+            if auth_refusal is not None:
+                self.counters[auth_refusal.code] += 1
+                tx.respond(self._response(request, auth_refusal.status,
+                                          reason=auth_refusal.reason,
+                                          headers=auth_refusal.headers))
+                return
         method = request.method
         if method == "INVITE":
             assert isinstance(tx, InviteServerTransaction)
@@ -321,10 +363,38 @@ class UserAgent:
             self._on_cancel(request, tx)
         elif method == "OPTIONS":
             self._on_options(request, tx)
+        elif method == "UPDATE":
+            self._on_update(request, tx)
         elif method in KNOWN_UNSUPPORTED:
             tx.respond(self._response(request, 405, headers=[("Allow", ALLOW)]))
         else:
             tx.respond(self._response(request, 501, headers=[("Allow", ALLOW)]))
+
+    def _guarded(self, request: SipRequest, flow: Flow) -> bool:
+        """guard.py: True when the request was refused statelessly, as a new INVITE over the
+        source's rate (503 or nothing) or an in-dialog request from an address that is not
+        the dialog's peer or proxy (403)."""
+        source = flow.remote[0]
+        if request.method == "INVITE" and not request.to_addr.tag:
+            decision = self.guard.decide(source)
+            if decision.verdict is Verdict.REFUSE:
+                self._reply_stateless(request, flow, 503, headers=[
+                    ("Retry-After", str(decision.retry_after))])
+            return decision.verdict is not Verdict.ADMIT
+        if request.method == "CANCEL":
+            invite_tx = self.transactions.find_invite(request)
+            call = self._by_invite.get(server_key(invite_tx.request)) if invite_tx else None
+        elif request.method in ("BYE", "INVITE"):
+            call = self.calls.get(dialog_id_of(request))
+        else:
+            return False
+        if call is None or source_allowed(
+                dialog_sources(call.invite, call.flow.remote[0], call.dialog), source):
+            return False
+        self._note("spoofed_in_dialog", "%s for call %s from %s, not its peer or proxy: 403",
+                   request.method, printable(call.dialog.call_id), source)
+        self._reply_stateless(request, flow, 403)
+        return True
 
     def _unsupported(self, request: SipRequest) -> str:
         if request.method in ("ACK", "CANCEL"):
@@ -405,8 +475,8 @@ class UserAgent:
     def _contact(self, transport: str) -> str:
         host = self.config.advertised_host
         host = f"[{host}]" if ":" in host else host
-        suffix = ";transport=tcp" if transport == "TCP" else ""
-        return f"<sip:agent@{host}:{self.port}{suffix}>"
+        suffix = f";transport={transport.lower()}" if transport in ("TCP", "TLS") else ""
+        return f"<sip:agent@{host}:{self.port_for(transport)}{suffix}>"
 
     # -- new calls --------------------------------------------------------------------------
 
@@ -432,19 +502,26 @@ class UserAgent:
             tx.respond(self._response(request, refusal[0], reason=refusal[1],
                                       headers=[("Retry-After", str(RETRY_AFTER_SECONDS))]))
             return
-        problem = self._offer_problem(request)
+        if not request.body:  # a late offer: ours in the 200, the answer in the ACK
+            ours = own_offer(self.config.srtp)
+            problem: SipResponse | tuple[SessionDescription, AudioChoice,
+                                         sdes.SdesAnswer | None] = (ours.offer, ours.choice,
+                                                                    ours.srtp)
+        else:
+            problem = self._offer_problem(request)
         if isinstance(problem, SipResponse):
             self.counters["refused_offer"] += 1
             tx.respond(problem)
             return
-        offer, choice = problem
+        offer, choice, secured = problem
         local_tag = new_tag()
         dialog = Dialog.from_invite(request, local_tag, flow.transport)
         if dialog is None:
             tx.respond(self._response(request, 400, to_tag=local_tag,
                                       reason="Missing or Invalid Contact"))
             return
-        call = SipCall(request, tx, flow, dialog, offer, choice)
+        call = SipCall(request, tx, flow, dialog, offer, choice, srtp=secured,
+                       awaiting_answer=not request.body)
         call.ack_cseq = request.cseq.number
         self.calls[dialog.id] = call
         self._by_invite[server_key(request)] = call
@@ -455,10 +532,12 @@ class UserAgent:
         call.tasks.spawn(self._answer(call), "answer")
 
     def _offer_problem(self, request: SipRequest,
-                       codecs: tuple[str, ...] = ("PCMU", "PCMA"),
-                       to_tag: str | None = None
-                       ) -> SipResponse | tuple[SessionDescription, AudioChoice]:
-        """The offer and the stream chosen from it, or the response refusing it."""
+                       codecs: tuple[str, ...] = SIP_CODECS,
+                       to_tag: str | None = None, local_key: bytes | None = None
+                       ) -> SipResponse | tuple[SessionDescription, AudioChoice,
+                                                sdes.SdesAnswer | None]:
+        """The offer, the stream chosen from it and its SRTP agreement (sdes.py), or the
+        response refusing it."""
         tag = to_tag or new_tag()
         if not request.body:
             return self._response(request, 488, to_tag=tag, headers=[
@@ -468,7 +547,8 @@ class UserAgent:
             return self._response(request, 415, to_tag=tag,
                                   headers=[("Accept", "application/sdp")])
         offer = parse_sdp(request.body)
-        choice = choose_audio(offer, codecs) if not isinstance(offer, SdpError) else offer
+        choice = (choose_audio(offer, codecs, protos=sdes.protos_for(self.config.srtp))
+                  if not isinstance(offer, SdpError) else offer)
         if isinstance(choice, SdpError):
             return self._response(request, choice.status, to_tag=tag, headers=[
                 ("Warning", f'{choice.warning} {SERVER_NAME} "{choice.message}"')])
@@ -479,7 +559,11 @@ class UserAgent:
                 return self._response(request, 488, to_tag=tag, headers=[
                     ("Warning", (f'399 {SERVER_NAME} "{refusal.code}: media address '
                                  f'{choice.remote[0]} not allowed (--rtp-allow)"'))])
-        return offer, choice
+        secured = sdes.negotiate(request.body, choice, self.config.srtp, local_key)
+        if isinstance(secured, SdpError):
+            return self._response(request, secured.status, to_tag=tag, headers=[
+                ("Warning", f'{secured.warning} {SERVER_NAME} "{secured.message}"')])
+        return offer, choice, secured
 
     async def _answer(self, call: SipCall) -> None:
         if self.config.ring_seconds > 0:
@@ -493,7 +577,8 @@ class UserAgent:
         try:
             leg = await open_sip_leg(self.agent, call.choice, self.rtp, call.dialog.call_id,
                                      self._on_leg_closed, leg_id=call.call_id,
-                                     session=session, owner=owner)
+                                     session=session, owner=owner,
+                                     srtp=call.srtp.keys if call.srtp else None)
         except AgentError as exc:
             self._settle(call, exc)
             busy = exc.status == 503
@@ -516,7 +601,8 @@ class UserAgent:
             return
         call.leg = leg
         self._by_leg[leg.id] = call
-        call.local_sdp = self._local_sdp(call, call.offer, call.choice)
+        call.local_sdp = self._local_sdp(call, call.offer, call.choice,
+                                         "sendrecv" if call.awaiting_answer else None)
         ok = self._ok(call, call.invite, call.local_sdp)
         self.counters["answered"] += 1
         self.setup_ms.append((time.monotonic() - call.received_at) * 1000)
@@ -625,7 +711,8 @@ class UserAgent:
                    direction: str | None = None) -> bytes:
         assert call.leg is not None
         return build_answer(offer, choice, self._sdp_host(), call.leg.local[1],
-                            call.sdp_session, call.sdp_version, direction)
+                            call.sdp_session, call.sdp_version, direction,
+                            (call.srtp.line,) if call.srtp else ())
 
     def _sdp_host(self) -> str:
         """Where RTP is reached: --rtp-advertise, else --sip-advertise when RTP binds a
@@ -699,11 +786,15 @@ class UserAgent:
             tx.on_request(ack)  # the ACK of a non-2xx: the transaction's business
             return
         call = self.calls.get(dialog_id_of(ack))
+        if call is None and self.dialog_hooks.ack(dialog_id_of(ack), ack):
+            return  # the ACK of a 2xx in an outbound call's dialog (hooks.py)
         if call is None or call.state != ANSWERED or ack.cseq.number != call.ack_cseq:
             self.counters["stray_acks"] += 1
             return
         self._stop_2xx(call)
         call.state = CONFIRMED
+        if call.awaiting_answer and call.bye_reason is None:
+            self._take_answer(call, ack)
         if call.bye_reason is not None:
             self._hangup(call, call.bye_reason)
 
@@ -760,21 +851,91 @@ class UserAgent:
         if call.state != CONFIRMED or call.leg is None:
             tx.respond(self._response(request, 481))
             return
-        problem = self._offer_problem(request, (call.choice.codec.name,), call.dialog.local_tag)
-        if isinstance(problem, SipResponse):
-            self.counters["reinvite_refused"] += 1
-            tx.respond(problem)  # the call goes on as it was
+        if not request.body:  # offerless: our offer in the 200, the answer in the ACK
+            call.dialog.refresh_target(request)
+            call.sdp_version += 1
+            call.local_sdp = self._local_sdp(call, call.offer, call.choice, "sendrecv")
+            call.awaiting_answer = True
+            self.counters["reinvites"] += 1
+            self._send_2xx(call, tx, self._ok(call, request, call.local_sdp))
             return
-        offer, choice = problem
+        answer = self._reoffer(call, request)
+        if isinstance(answer, SipResponse):
+            self.counters["reinvite_refused"] += 1
+            tx.respond(answer)  # the call goes on as it was
+            return
+        self.counters["reinvites"] += 1
+        self._send_2xx(call, tx, self._ok(call, request, answer))
+
+    def _reoffer(self, call: SipCall, request: SipRequest) -> bytes | SipResponse:
+        """A new offer within the call (re-INVITE or UPDATE): applied to the leg and
+        answered (the SDP), or the response refusing it, the call unchanged."""
+        assert call.leg is not None
+        problem = self._offer_problem(request, (call.choice.codec.name,), call.dialog.local_tag,
+                                      call.srtp.keys.local_key if call.srtp else None)
+        if isinstance(problem, SipResponse):
+            return problem
+        offer, choice, secured = problem
+        if (secured is None) != (call.srtp is None):
+            return self._response(request, 488, headers=[
+                ("Warning", f'399 {SERVER_NAME} "SRTP cannot be turned on or off in a call"')])
+        if secured is not None and call.leg.srtp is not None:
+            call.leg.srtp.rekey_inbound(secured.keys)
+            call.srtp = secured
         call.offer, call.choice = offer, choice
         call.leg.apply(choice, choice.answer_direction)
         call.dialog.refresh_target(request)
         call.sdp_version += 1
         call.local_sdp = self._local_sdp(call, offer, choice)
-        self.counters["reinvites"] += 1
-        log.info("sip: call %s re-INVITE: %s, remote %s", printable(call.dialog.call_id),
-                 choice.answer_direction, choice.remote)
-        self._send_2xx(call, tx, self._ok(call, request, call.local_sdp))
+        log.info("sip: call %s %s: %s, remote %s", printable(call.dialog.call_id),
+                 request.method, choice.answer_direction, choice.remote)
+        return call.local_sdp
+
+    def _on_update(self, request: SipRequest, tx: ServerTransaction) -> None:
+        """RFC 3311: an offer (hold/resume, a moved address) answered in the 200 at once;
+        without SDP, a target refresh. 491 while an offer/answer of the call is open."""
+        call = self._in_dialog(request, tx)
+        if call is None:
+            return
+        contact = [("Contact", self._contact(call.flow.transport)), ("Allow", ALLOW)]
+        if not request.body:
+            call.dialog.refresh_target(request)
+            tx.respond(self._response(request, 200, headers=contact))
+            return
+        if call.leg is None or call.state == EARLY or call.awaiting_answer:
+            tx.respond(self._response(request, 491))
+            return
+        answer = self._reoffer(call, request)
+        if isinstance(answer, SipResponse):
+            self.counters["update_refused"] += 1
+            tx.respond(answer)
+            return
+        self.counters["updates"] += 1
+        tx.respond(self._response(request, 200, body=answer, headers=contact))
+
+    def _take_answer(self, call: SipCall, ack: SipRequest) -> None:
+        """The answer in the ACK to our offer (late offer, offerless re-INVITE); a missing
+        or unusable one ends the call with a BYE (RFC 3261 §13.3.1.4)."""
+        call.awaiting_answer = False
+        leg = call.leg
+        if leg is None:
+            return
+        local_key = call.srtp.keys.local_key if call.srtp else None
+        taken = take_answer(ack.body, ack.content_type if ack.body else None, call.choice,
+                            local_key, self.rtp.allowed_networks)
+        if isinstance(taken, SdpError):
+            self.counters["bad_answers"] += 1
+            log.info("sip: call %s: unusable answer in the ACK (%s); ending it",
+                     printable(call.dialog.call_id), taken.code)
+            self._detach_leg(call, "bad_answer")
+            call.bye_reason = "bad_answer"
+            return
+        if taken.srtp is not None and leg.srtp is not None:
+            leg.srtp.rekey_inbound(taken.srtp)
+        call.offer, call.choice = taken.answer, taken.choice
+        leg.dtmf_payload_type = taken.choice.dtmf_payload_type
+        leg.apply(taken.choice, taken.choice.answer_direction)
+        self.counters["late_answers"] += 1
 
     def _on_options(self, request: SipRequest, tx: ServerTransaction) -> None:
         refusal = self._admission_refusal()
@@ -843,15 +1004,16 @@ class UserAgent:
     async def _send_bye(self, call: SipCall, reason: str) -> None:
         try:
             transport = call.flow.transport
-            request, hop = call.dialog.request("BYE", self.config.advertised_host, self.port,
-                                               transport)
+            request, hop = call.dialog.request("BYE", self.config.advertised_host,
+                                               self.port_for(transport), transport)
             request.headers.add("Reason", f'SIP;cause=200;text="{reason}"')
             flow = await self._flow_for(call, hop)
             if flow is None:
                 return
             if flow.transport != transport:
                 request, hop = call.dialog.request("BYE", self.config.advertised_host,
-                                                   self.port, flow.transport)
+                                                   self.port_for(flow.transport),
+                                                   flow.transport)
                 request.headers.add("Reason", f'SIP;cause=200;text="{reason}"')
             done: asyncio.Future[int] = asyncio.get_running_loop().create_future()
 
@@ -872,13 +1034,17 @@ class UserAgent:
             self._forget(call)
 
     async def _flow_for(self, call: SipCall, hop: Uri) -> Flow | None:
-        """How to reach the next hop of an in-dialog request: the call's own TCP connection
-        while it is open, else the hop's address (A/AAAA lookup; no NAPTR/SRV yet)."""
+        return await self.flow_for(call.flow, hop, call.dialog.call_id)
+
+    async def flow_for(self, flow: Flow, hop: Uri, call_id: str) -> Flow | None:
+        """How to reach the next hop of an in-dialog request: the dialog's own TCP connection
+        (`flow`) while it is open, else the hop's address (A/AAAA lookup; no NAPTR/SRV yet).
+        None (logged) when it cannot be reached or is outside --sip-allow."""
         wanted = hop.param("transport")
-        if (call.flow.reliable and (wanted is None or wanted.upper() == "TCP")
-                and call.flow.remote in self.transports.connections):
-            return call.flow
-        transport = (wanted or ("TCP" if call.flow.reliable else "UDP")).upper()
+        if (flow.reliable and (wanted is None or wanted.upper() == flow.transport)
+                and flow.remote in self.transports.connections):
+            return flow
+        transport = (wanted or ("TCP" if flow.reliable else "UDP")).upper()
         host = hop.param("maddr") or hop.host
         try:
             address = await self._resolve(host, hop.effective_port)
@@ -888,7 +1054,7 @@ class UserAgent:
             return await self.transports.flow_to(transport, address)
         except (OSError, ConnectionError, asyncio.TimeoutError) as exc:
             log.info("sip: cannot reach %s for %s: %r", printable(str(hop)),
-                     printable(call.dialog.call_id), exc)
+                     printable(call_id), exc)
             return None
 
     @staticmethod

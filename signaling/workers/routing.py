@@ -45,6 +45,7 @@ from signaling.calls import CALLS_PATH
 from signaling.cors import with_cors_headers
 from signaling.errors import ApiError, error_response, json_error
 from signaling.keys import AGENT_KEY
+from signaling.sip.outbound_api import SIP_CALLS_PATH
 from signaling.slow_clients import read_body_in_time
 from signaling.telephony import RTP_PATH, TELEPHONY_KEY, with_url_token
 from signaling.workers import channel, limits
@@ -53,8 +54,10 @@ from signaling.workers.load import WorkerLoads
 from signaling.workers.supervisor import worker_socket_path
 from signaling.workers.views import merge_calls, merge_health, merge_metrics
 
-OWNED_PATHS = (re.compile(rf"^{CALLS_PATH}/([^/]+)(?:/hangup)?$"),
-               re.compile(rf"^{RTP_PATH}/([^/]+)$"))
+OWNED_PATHS = (re.compile(rf"^{CALLS_PATH}/([^/]+)(?:/hangup|/refer|/accept|/reject|/dtmf)?$"),
+               re.compile(rf"^{RTP_PATH}/([^/]+)$"),
+               re.compile(rf"^{SIP_CALLS_PATH}/([^/]+)(?:/hangup)?$"))
+SIP_WORKER = 0  # the one worker serving SIP (signaling/sip/service.py): it places SIP calls
 NEW_CALL_PATHS = frozenset({CALLS_PATH, "/offer"})
 LOAD_REFRESH_S = 0.5
 
@@ -93,6 +96,8 @@ LOADS_KEY = web.AppKey("worker_loads", WorkerLoads)
 
 def owner_of(request: web.Request) -> int | None:
     """The worker a request belongs to, where it names one."""
+    if request.path == SIP_CALLS_PATH:
+        return SIP_WORKER
     for pattern in OWNED_PATHS:
         match = pattern.match(request.path)
         if match:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import random
 import secrets
 import shutil
 import socket
@@ -69,9 +70,19 @@ SipServerFactory = Callable[..., Awaitable[SipServer]]
 
 
 def free_udp_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
-        sock.bind((HOST, 0))
-        return int(sock.getsockname()[1])
+    """A port free for UDP and TCP both (SIP binds both on it), picked below the kernel's
+    ephemeral range, where the tests' own outgoing connections cannot take it meanwhile."""
+    for _ in range(200):
+        port = random.randint(20000, 32000)
+        try:
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp, \
+                    socket.socket(socket.AF_INET, socket.SOCK_STREAM) as tcp:
+                udp.bind((HOST, port))
+                tcp.bind((HOST, port))
+        except OSError:
+            continue
+        return port
+    raise RuntimeError("no free port for SIP between 20000 and 32000")
 
 
 # -- a raw SIP peer --------------------------------------------------------------------------
@@ -370,13 +381,16 @@ class SippRun:
 
 
 async def run_sipp(target: Address, workdir: Path, *args: str, scenario: str | None = None,
-                   timeout: float = 30.0, name: str = "sipp") -> SippRun:
+                   timeout: float = 30.0, name: str = "sipp",
+                   local_port: int | None = None) -> SippRun:
     """Run sipp against `target` until it ends (bounded: killed by PID after `timeout` + 10 s).
-    `scenario`: XML text (written to `workdir`), else `args` name a built-in one."""
+    `scenario`: XML text (written to `workdir`), else `args` name a built-in one.
+    `local_port`: sipp's SIP port (a free one by default), for sipp as the far end."""
     sipp = require_sipp()
     workdir.mkdir(parents=True, exist_ok=True)
     messages, errors = workdir / f"{name}.msg.log", workdir / f"{name}.err.log"
-    command = [sipp, f"{target[0]}:{target[1]}", "-i", HOST, "-p", str(free_udp_port()),
+    command = [sipp, f"{target[0]}:{target[1]}", "-i", HOST,
+               "-p", str(local_port or free_udp_port()),
                "-mp", str(free_udp_port()), "-nostdin", "-timeout", f"{timeout:g}",
                "-timeout_error", "-trace_msg", "-message_file", str(messages), "-trace_err",
                "-error_file", str(errors), *args]

@@ -81,7 +81,7 @@ def test_session_level_direction_and_old_style_hold() -> None:
 
 
 @pytest.mark.parametrize("lines, code", [
-    (("m=audio 4000 RTP/AVP 18 9",), "no_common_codec"),
+    (("m=audio 4000 RTP/AVP 18 3",), "no_common_codec"),
     (("m=audio 4000 RTP/AVP 96", "a=rtpmap:96 PCMU/8000"), "no_common_codec"),  # dynamic PCMU
     (("m=audio 4000 RTP/AVP 0", "a=rtpmap:0 PCMU/16000"), "no_common_codec"),
     (("m=video 4000 RTP/AVP 31",), "no_audio_stream"),

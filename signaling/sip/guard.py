@@ -1,0 +1,232 @@
+"""Abuse limits of the SIP user agent: an INVITE rate per source address, and in-dialog
+requests only from where the dialog's own requests may come.
+
+**INVITE flood.** Each source address has a token bucket for new INVITEs (not their
+retransmissions, which their transaction absorbs): `--sip-invite-rate` tokens a second up to
+`--sip-invite-burst`. An INVITE without a token is answered 503 with a Retry-After (the
+seconds until the next token), statelessly (no transaction, dialog or task is created for
+it); past `REPLY_CAP` such answers to one address within a second the rest are dropped
+without a word, so a flood cannot turn the agent into an amplifier. The table of addresses
+is an LRU bounded by `--sip-invite-table` entries: an address pushed out starts again with a
+full bucket, which only ever errs on the side of serving. One log line a second at most
+tells how many were refused and from where. The buckets are a few lines of arithmetic on a
+dict; the rate-limit libraries on PyPI (limits, aiolimiter) keep per-key state without a
+bound or per-limiter objects, which is what a flood of distinct addresses must not grow.
+
+**Spoofed in-dialog requests.** A BYE, re-INVITE or CANCEL for a live call is taken only
+from an address the dialog's requests can come from (RFC 3261 §12, §16): the address its
+INVITE came from (the caller, or the first-hop proxy that sent it), the remote target
+(Contact, and a re-INVITE's new one) and the hosts of the route set (Record-Route) when
+they are IP literals; for an outbound call's dialog, the address its INVITE went to, the
+2xx's Contact and the route set (`outbound_dialog_sources`). Addresses are compared without
+ports: a UA may send over TCP from any
+port, and over UDP from another socket than its Contact's. Anything else gets 403 and is
+counted; the call goes on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import logging
+import math
+from collections import Counter, OrderedDict
+from dataclasses import dataclass
+from enum import Enum
+
+from agent.audio.clock import Clock, MonotonicClock
+from agent.logs.log_safe import LogThrottle
+from signaling.sip.dialog import Dialog
+from signaling.sip.message import SipRequest
+from signaling.sip.uri import parse_name_addr
+
+log = logging.getLogger(__name__)
+
+# A trunk or a proxy brings every call from one address: the defaults let a burst of 40 and
+# a steady 10 calls a second through (sipp's 100 calls at 10/s), and nothing like a flood.
+DEFAULT_INVITE_RATE = 10.0  # new INVITEs a second per source address
+DEFAULT_INVITE_BURST = 40
+DEFAULT_TABLE_SIZE = 4096  # source addresses remembered (LRU)
+REPLY_CAP = 10  # 503s a second to one address; past that, refused INVITEs are dropped
+
+
+@dataclass(frozen=True)
+class GuardSettings:
+    invite_rate: float = DEFAULT_INVITE_RATE  # 0: no limit
+    invite_burst: int = DEFAULT_INVITE_BURST
+    table_size: int = DEFAULT_TABLE_SIZE
+    reply_cap: int = REPLY_CAP
+
+
+class Verdict(Enum):
+    ADMIT = "admit"
+    REFUSE = "refuse"  # 503 with Retry-After
+    DROP = "drop"  # no answer at all
+
+
+@dataclass
+class _Bucket:
+    tokens: float
+    updated: float
+    refusals: int = 0  # within the second that began at `window`
+    window: float = 0.0
+
+
+@dataclass(frozen=True)
+class InviteDecision:
+    verdict: Verdict
+    retry_after: int = 0  # whole seconds, for a REFUSE
+
+
+class InviteLimiter:
+    """Token buckets for new INVITEs, one per source address, in a bounded LRU table."""
+
+    def __init__(self, settings: GuardSettings, clock: Clock | None = None) -> None:
+        if settings.invite_rate < 0 or settings.invite_burst < 1 or settings.table_size < 1:
+            raise ValueError("the INVITE rate must be >= 0, the burst and table size >= 1")
+        self.settings = settings
+        self._clock = clock or MonotonicClock()
+        self._buckets: OrderedDict[str, _Bucket] = OrderedDict()
+        self.counters: Counter[str] = Counter()
+        self._noise = LogThrottle(1.0, self._clock)
+        self._refused_since_log: Counter[str] = Counter()
+
+    @property
+    def enabled(self) -> bool:
+        return self.settings.invite_rate > 0
+
+    def __len__(self) -> int:
+        return len(self._buckets)
+
+    def decide(self, address: str) -> InviteDecision:
+        if not self.enabled:
+            return InviteDecision(Verdict.ADMIT)
+        now = self._clock.now()
+        rate, burst = self.settings.invite_rate, float(self.settings.invite_burst)
+        bucket = self._buckets.get(address)
+        if bucket is None:
+            bucket = _Bucket(burst, now, window=now)
+            self._buckets[address] = bucket
+            if len(self._buckets) > self.settings.table_size:
+                self._buckets.popitem(last=False)
+                self.counters["addresses_evicted"] += 1
+        else:
+            self._buckets.move_to_end(address)
+            bucket.tokens = min(burst, bucket.tokens + (now - bucket.updated) * rate)
+            bucket.updated = now
+        if bucket.tokens >= 1.0:
+            bucket.tokens -= 1.0
+            return InviteDecision(Verdict.ADMIT)
+        if now - bucket.window >= 1.0:
+            bucket.window, bucket.refusals = now, 0
+        bucket.refusals += 1
+        self._refused_since_log[address] += 1
+        self._log_refusals()
+        if bucket.refusals > self.settings.reply_cap:
+            self.counters["invites_dropped"] += 1
+            return InviteDecision(Verdict.DROP)
+        self.counters["invites_limited"] += 1
+        return InviteDecision(Verdict.REFUSE, max(1, math.ceil((1.0 - bucket.tokens) / rate)))
+
+    def _log_refusals(self) -> None:
+        if self._noise.admit() is None:
+            return  # counted in _refused_since_log, for the next line
+        top = ", ".join(f"{address} ({count})"
+                        for address, count in self._refused_since_log.most_common(3))
+        total = sum(self._refused_since_log.values())
+        self._refused_since_log.clear()
+        log.warning("sip: %d new INVITE(s) over --sip-invite-rate %g/s refused since the last "
+                    "line, from %s", total, self.settings.invite_rate, top)
+
+    def stats(self) -> dict[str, object]:
+        return {"invite_rate": self.settings.invite_rate,
+                "invite_burst": self.settings.invite_burst,
+                "addresses": len(self._buckets), **self.counters}
+
+
+# -- in-dialog requests ------------------------------------------------------------------------
+
+
+def _ip_of(host: str) -> str | None:
+    try:
+        return str(ipaddress.ip_address(host.strip("[]")))
+    except ValueError:
+        return None
+
+
+def dialog_sources(invite: SipRequest, invite_source: str, dialog: Dialog) -> frozenset[str]:
+    """The addresses a dialog's in-dialog requests may come from (see the module doc)."""
+    sources = {ip for ip in (_ip_of(invite_source), _ip_of(dialog.remote_target.host)) if ip}
+    for route in dialog.route_set:
+        ip = _ip_of(route.uri.host)
+        if ip:
+            sources.add(ip)
+    for value in invite.headers.get_all("contact"):
+        contact = parse_name_addr(value)
+        ip = _ip_of(contact.uri.host) if contact is not None else None
+        if ip:
+            sources.add(ip)
+    return frozenset(sources)
+
+
+def outbound_dialog_sources(next_hop: str, dialog: Dialog) -> frozenset[str]:
+    """The addresses the far end of an outbound call may send its in-dialog requests from:
+    where the agent sent its INVITE (the peer, or the trunk's proxy), the remote target
+    (the 2xx's Contact, moved by a target refresh) and the route set's IP hosts."""
+    sources = {ip for ip in (_ip_of(next_hop), _ip_of(dialog.remote_target.host)) if ip}
+    sources.update(ip for ip in (_ip_of(route.uri.host) for route in dialog.route_set) if ip)
+    return frozenset(sources)
+
+
+def request_source(request: SipRequest) -> str | None:
+    """Where a received request came from, as the transport stamped it in its top Via
+    (`received`, else the sent-by host the source matched)."""
+    via = request.top_via
+    if via is None:
+        return None
+    return via.param("received") or via.host
+
+
+def source_allowed(sources: frozenset[str], address: str) -> bool:
+    ip = _ip_of(address)
+    return ip is not None and ip in sources
+
+
+# -- flags -------------------------------------------------------------------------------------
+
+
+def _non_negative(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value <= 100000 or math.isnan(value):
+        raise argparse.ArgumentTypeError(f"expected 0 to 100000 per second, not {text!r}")
+    return value
+
+
+def _count(text: str) -> int:
+    if not text.isdigit() or not 1 <= int(text) <= 10_000_000:
+        raise argparse.ArgumentTypeError(f"expected a whole number from 1, not {text!r}")
+    return int(text)
+
+
+def add_arguments(group: argparse._ArgumentGroup) -> None:
+    group.add_argument("--sip-invite-rate", type=_non_negative, default=DEFAULT_INVITE_RATE,
+                       metavar="PER_S",
+                       help="new INVITEs a second taken from one source address; more get 503 "
+                       f"with Retry-After, and past {REPLY_CAP} refusals a second no answer "
+                       f"(0: no limit; default {DEFAULT_INVITE_RATE:g})")
+    group.add_argument("--sip-invite-burst", type=_count, default=DEFAULT_INVITE_BURST,
+                       metavar="N", help="INVITEs one address may send at once before "
+                       f"--sip-invite-rate applies (default {DEFAULT_INVITE_BURST})")
+    group.add_argument("--sip-invite-table", type=_count, default=DEFAULT_TABLE_SIZE,
+                       metavar="N", help="source addresses whose INVITE rate is tracked "
+                       f"(least recently seen forgotten first; default {DEFAULT_TABLE_SIZE})")
+
+
+def settings_from_args(args: argparse.Namespace) -> GuardSettings:
+    return GuardSettings(
+        invite_rate=getattr(args, "sip_invite_rate", DEFAULT_INVITE_RATE),
+        invite_burst=getattr(args, "sip_invite_burst", DEFAULT_INVITE_BURST),
+        table_size=getattr(args, "sip_invite_table", DEFAULT_TABLE_SIZE))

@@ -1,0 +1,203 @@
+"""baresip, a real softphone, calls the agent: it plays the test signal from a WAV, records
+what it hears (its sndfile module), and the echo of the echo plugin must correlate with what
+it sent (>= 0.9) in G.722 (baresip's own G.722, spandsp's: not the FFmpeg one the agent
+uses), L16/16000 and PCMU. Keys pressed on it (`sndcode` over its ctrl_tcp socket) reach the
+call's sideband websocket (`GET /v1/realtime?call_id=`) as
+`input_audio_buffer.dtmf_event_received` events.
+
+baresip runs headless on 127.0.0.1 (config from ../shared/docs/SIP.md: aufile source,
+aubridge player), with `-t` as its own time bound, and is stopped by its PID. Without
+baresip these tests skip (and fail under CI).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import wave
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import aiohttp
+import numpy as np
+import pytest
+
+from agent.testing.testsignal import make_test_signal, measure_echo
+from tests.sip.helpers import HOST, SipServer, free_udp_port
+from tests.support.agents import wait_until
+from tests.support.server_process import free_tcp_port
+
+pytestmark = [pytest.mark.interop, pytest.mark.slow]
+
+MODULES = "/usr/lib/baresip/modules"
+SECONDS = 4.0
+
+
+def require_baresip() -> str:
+    path = shutil.which("baresip")
+    if path is not None and Path(MODULES, "g722.so").exists():
+        return path
+    message = ("baresip is missing (apt-get install baresip-core; "
+               "scripts/install-test-deps.sh)")
+    if os.environ.get("CI"):
+        pytest.fail(message + " under CI", pytrace=False)
+    pytest.skip(message)
+
+
+def write_wav(path: Path, samples: np.ndarray, rate: int) -> None:
+    with wave.open(str(path), "wb") as out:
+        out.setnchannels(1)
+        out.setsampwidth(2)
+        out.setframerate(rate)
+        out.writeframes((samples * 32767).astype("<i2").tobytes())
+
+
+def read_wav(path: Path) -> tuple[np.ndarray, int]:
+    with wave.open(str(path), "rb") as source:
+        data = source.readframes(source.getnframes())
+        return np.frombuffer(data, "<i2").astype(np.float32) / 32768, source.getframerate()
+
+
+class Baresip:
+    """A headless baresip and its ctrl_tcp socket (JSON in netstrings)."""
+
+    def __init__(self, process: asyncio.subprocess.Process, reader: asyncio.StreamReader,
+                 writer: asyncio.StreamWriter, records: Path) -> None:
+        self.process, self.reader, self.writer, self.records = process, reader, writer, records
+        self.events: list[dict[str, object]] = []
+        self._buffer = b""
+
+    async def command(self, command: str, params: str = "") -> None:
+        body = json.dumps({"command": command, "params": params, "token": command}).encode()
+        self.writer.write(f"{len(body)}:".encode() + body + b",")
+        await self.writer.drain()
+
+    async def event(self, kind: str, timeout: float = 15.0) -> dict[str, object]:
+        """The next event of this type (`CALL_ESTABLISHED`, `CALL_CLOSED`...)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while True:
+            while b":" in self._buffer:
+                size_text, _, rest = self._buffer.partition(b":")
+                size = int(size_text)
+                if len(rest) < size + 1:
+                    break
+                message = json.loads(rest[:size])
+                self._buffer = rest[size + 1:]
+                self.events.append(message)
+                if message.get("event") and message.get("type") == kind:
+                    return message
+            data = await asyncio.wait_for(self.reader.read(4096),
+                                          max(0.01, deadline - loop.time()))
+            if not data:
+                raise AssertionError(f"baresip closed its control socket before {kind}: "
+                                     f"{self.events}")
+            self._buffer += data
+
+    def recording(self, which: str) -> Path:
+        (path,) = self.records.glob(f"dump-*-{which}.wav")
+        return path
+
+
+@asynccontextmanager
+async def baresip(workdir: Path, wav: Path, rate: int, codec: str,
+                  extra_modules: tuple[str, ...] = (),
+                  account_params: str = "") -> AsyncIterator[Baresip]:
+    """baresip with `wav` as its microphone and only `codec` (e.g. "G722/16000/1");
+    `extra_modules` loaded too, `account_params` added to its account (";mediaenc=...")."""
+    binary = require_baresip()
+    config, records = workdir / "baresip", workdir / "records"
+    config.mkdir(parents=True)
+    records.mkdir()
+    sip_port, ctrl_port = free_udp_port(), free_tcp_port()
+    modules = ["g711", "g722", "l16", "aufile", "aubridge", "sndfile", *extra_modules]
+    (config / "config").write_text("\n".join([
+        "poll_method epoll", f"sip_listen {HOST}:{sip_port}", "sip_transports udp",
+        f"net_interface {HOST}", f"audio_source aufile,{wav}", "audio_player aubridge,nowhere",
+        "audio_alert aubridge,nowhere", f"ausrc_srate {rate}", f"auplay_srate {rate}",
+        "ausrc_channels 1", "auplay_channels 1", f"module_path {MODULES}",
+        *(f"module {name}.so" for name in modules),
+        "module_app account.so", "module_app menu.so", "module_app ctrl_tcp.so",
+        f"ctrl_tcp_listen {HOST}:{ctrl_port}", f"snd_path {records}", ""]))
+    (config / "accounts").write_text(
+        f"<sip:caller@{HOST}:{sip_port}>;regint=0;audio_codecs={codec}{account_params}\n")
+    process = await asyncio.create_subprocess_exec(
+        binary, "-f", str(config), "-t", "40", stdin=asyncio.subprocess.DEVNULL,
+        stdout=(workdir / "baresip.log").open("wb"), stderr=asyncio.subprocess.STDOUT)
+    writer: asyncio.StreamWriter | None = None
+    try:
+        for _ in range(100):
+            try:
+                reader, writer = await asyncio.open_connection(HOST, ctrl_port)
+                break
+            except OSError:
+                await asyncio.sleep(0.1)
+        else:
+            raise AssertionError("baresip's ctrl_tcp never listened: "
+                                 + (workdir / "baresip.log").read_text(errors="replace"))
+        yield Baresip(process, reader, writer, records)
+    finally:
+        if writer is not None:
+            writer.close()
+        if process.returncode is None:
+            process.terminate()
+            try:
+                await asyncio.wait_for(process.wait(), 5)
+            except asyncio.TimeoutError:
+                process.kill()
+                await process.wait()
+
+
+async def dtmf_events(sideband: aiohttp.ClientWebSocketResponse, count: int) -> list[str]:
+    """The digits of the next `count` dtmf_event_received events on a sideband."""
+    digits: list[str] = []
+    while len(digits) < count:
+        message = await sideband.receive(timeout=10)
+        assert message.type == aiohttp.WSMsgType.TEXT, message
+        event = json.loads(message.data)
+        if event["type"] == "input_audio_buffer.dtmf_event_received":
+            digits.append(event["event"])
+    return digits
+
+
+@pytest.mark.parametrize("codec, rate, agent_codec", [
+    ("G722/16000/1", 16000, "G722"),
+    ("L16/16000/1", 16000, "L16/16000"),
+    ("PCMU/8000/1", 8000, "PCMU"),
+])
+async def test_baresip_hears_its_own_voice_back_and_its_keys_reach_the_call(
+    sip_server: SipServer, tmp_path: Path, codec: str, rate: int, agent_codec: str,
+) -> None:
+    signal = make_test_signal(SECONDS, rate)
+    wav = tmp_path / "speech.wav"
+    write_wav(wav, signal, rate)
+    async with baresip(tmp_path, wav, rate, codec) as phone:
+        await phone.command("dial", f"sip:agent@{HOST}:{sip_server.ua.port}")
+        await phone.event("CALL_ESTABLISHED")
+        (leg,) = list(sip_server.agent.legs)
+        assert leg.stats()["codec"] == agent_codec
+        keys = agent_codec == "G722"  # telephone-event/8000: on G.722's and G.711's clock
+        if keys:  # pressed on baresip, watched on the call's sideband websocket
+            async with aiohttp.ClientSession() as http, http.ws_connect(
+                    f"{sip_server.url}/v1/realtime?call_id={leg.id}") as sideband:
+                for digit in "5#":
+                    await asyncio.sleep(0.3)
+                    await phone.command("sndcode", digit)
+                digits = await dtmf_events(sideband, 2)
+            assert digits == ["5", "#"], list(leg.events)
+        # baresip hangs up when its WAV ends; the agent frees the call.
+        await phone.event("CALL_CLOSED", timeout=SECONDS + 15)
+        await wait_until(sip_server.quiet)
+        heard, heard_rate = read_wav(phone.recording("dec"))
+    assert heard_rate == rate
+    echo = measure_echo(signal, heard, rate)
+    print(f"\nbaresip {codec}: echo correlation {echo.correlation:.3f}, "
+          f"lag {echo.lag_seconds:.3f} s, holes {echo.holes}")
+    assert echo.correlation >= 0.9, echo
+    async with aiohttp.ClientSession() as http:
+        async with http.get(sip_server.url + "/health") as reply:
+            sip = (await reply.json())["sip"]
+    assert (sip["dialogs"], sip["legs"]) == (0, 0)
