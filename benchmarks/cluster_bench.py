@@ -8,10 +8,14 @@ Sections (all by default):
 - `counts`: the issue's full counts: capacity 3 x 8 with a burst of 40 new calls, 100
   secrets minted at one node and redeemed at another (each reuse 401), 200 redemption races
   between two nodes, `--max-calls-per-key 5` against a burst of 20;
+- `sideband`: a call's sideband websocket (`GET /v1/realtime?call_id=ID`) opened at its
+  owner and at another node (relayed, one signed hop): p50/p95 of open-to-`session.created`
+  and of a `session.update` -> `session.updated` round trip;
 - `lag`: p99 event-loop lag of one node holding N plain RTP legs (20 ms sends each), with
   and without `--cluster`.
 
-    python benchmarks/cluster_bench.py [--sections latency,setup,counts,lag] [--calls 60]
+    python benchmarks/cluster_bench.py [--sections latency,setup,sideband,counts,lag]
+        [--calls 60]
         [--lag-calls 24] [--lag-seconds 10]
 """
 
@@ -181,6 +185,45 @@ async def latency(urls: list[str], calls: int) -> None:
     print(f"| added by the hop | {percentile(added, .5):.2f} | {percentile(added, .95):.2f} |")
 
 
+async def next_event(socket: aiohttp.ClientWebSocketResponse, kind: str) -> None:
+    while True:
+        message = await socket.receive(timeout=10)
+        assert message.type == aiohttp.WSMsgType.TEXT, message
+        if json.loads(message.data).get("type") == kind:
+            return
+
+
+async def sideband(urls: list[str], calls: int) -> None:
+    async with aiohttp.ClientSession() as session:
+        tags = {(await health(session, url))["cluster"]["node"]: url for url in urls}
+        made = [(await rtp(session, urls[i % 3]))[1]["call_id"] for i in range(calls)]
+        figures: dict[str, tuple[list[float], list[float]]] = {
+            "owner directly": ([], []), "through another node": ([], [])}
+        for call in made:
+            owner = tags[tag(call)]
+            other = next(url for url in urls if url != owner)
+            for url, name in ((owner, "owner directly"), (other, "through another node")):
+                opened, updated = figures[name]
+                started = time.perf_counter()
+                async with session.ws_connect(f"{url}/v1/realtime?call_id={call}",
+                                              headers=auth()) as socket:
+                    await next_event(socket, "session.created")
+                    opened.append((time.perf_counter() - started) * 1000)
+                    started = time.perf_counter()
+                    await socket.send_json({"type": "session.update",
+                                            "session": {"instructions": "Be brief."}})
+                    await next_event(socket, "session.updated")
+                    updated.append((time.perf_counter() - started) * 1000)
+        for call in made:
+            await end(session, tags[tag(call)], f"/v1/telephony/rtp/{call}")
+    print(f"\n### Sideband websockets ({calls} calls, one each way)\n")
+    print("| path | open p50 ms | open p95 ms | update round trip p50 ms | p95 ms |")
+    print("| --- | --- | --- | --- | --- |")
+    for name, (opened, updated) in figures.items():
+        print(f"| {name} | {percentile(opened, .5):.2f} | {percentile(opened, .95):.2f} | "
+              f"{percentile(updated, .5):.2f} | {percentile(updated, .95):.2f} |")
+
+
 async def setup_cost(urls: list[str], calls: int) -> None:
     async with aiohttp.ClientSession() as session:
         async def totals() -> tuple[int, int]:
@@ -295,7 +338,7 @@ async def lag(url: str, calls: int, seconds: float) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sections", default="latency,setup,counts,lag")
+    parser.add_argument("--sections", default="latency,setup,sideband,counts,lag")
     parser.add_argument("--calls", type=int, default=60)
     parser.add_argument("--lag-calls", type=int, default=24)
     parser.add_argument("--lag-seconds", type=float, default=10.0)
@@ -306,12 +349,14 @@ def main() -> None:
     folder = Path(tempfile.mkdtemp(prefix="cluster-bench-"))
     common = ("--api-key", KEY, "--max-sessions", "0")
     with redis_server(folder) as redis_url:
-        if sections & {"latency", "setup"}:
+        if sections & {"latency", "setup", "sideband"}:
             with nodes(folder, redis_url, 3, *common) as urls:
                 if "latency" in sections:
                     asyncio.run(latency(urls, args.calls))
                 if "setup" in sections:
                     asyncio.run(setup_cost(urls, args.calls))
+                if "sideband" in sections:
+                    asyncio.run(sideband(urls, args.calls))
         if "counts" in sections:
             with nodes(folder, redis_url, 3, "--api-key", KEY, "--max-sessions", "8",
                        "--max-secrets-per-key", "1000") as urls:

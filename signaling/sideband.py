@@ -12,7 +12,8 @@ before the upgrade, missing credentials 401; an ephemeral secret gets 403 (it is
 browser's, and may only make and manage its call). After `call.ending` the server closes
 with 1000. A sideband that does not read its events (`QUEUE_LIMIT` behind) is closed with
 `CLOSE_OVERFLOW`; the call and other sidebands go on. With several workers a sideband that
-lands on a worker other than the call's is relayed there (signaling/workers/relay.py).
+lands on a worker other than the call's is relayed there (signaling/workers/relay.py); in
+a cluster, one for another node's call is relayed to that node (signaling/cluster/sockets.py).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from collections.abc import Awaitable, Callable
 
 from aiohttp import WSMsgType, web
 
@@ -40,6 +42,10 @@ MAX_MESSAGE_BYTES = 1 << 20  # larger frames close the socket; smaller bad ones 
 CLOSE_OVERFLOW = 4001  # the sideband fell too far behind and was dropped
 CLOSE_TIMEOUT = 5.0  # seconds a closing handshake may take before the socket is cut
 MAX_CALL_ID_CHARS = 128
+# Set in a cluster: the sideband of another node's call, relayed from that node; None for
+# this node's calls (signaling/cluster/sockets.py).
+NodeRelay = Callable[[web.Request, str, int], Awaitable["web.StreamResponse | None"]]
+NODE_RELAY_KEY = web.AppKey[NodeRelay]("sideband_node_relay")
 
 
 def call_id_of(request: web.Request) -> str:
@@ -70,6 +76,10 @@ async def sideband(request: web.Request) -> web.StreamResponse:
     if not socket.can_prepare(request).ok:
         raise ApiError("websocket_required", "this endpoint speaks WebSocket only",
                        headers={"Upgrade": "websocket"}, status=426)
+    to_node = request.app.get(NODE_RELAY_KEY)
+    if to_node is not None and (relayed := await to_node(request, call_id,
+                                                         MAX_MESSAGE_BYTES)) is not None:
+        return relayed
     owner = owner_elsewhere(request, call_id)
     if owner is not None:
         return await relay_to_owner(request, owner, MAX_MESSAGE_BYTES)

@@ -3,9 +3,10 @@
 What each module does: `settings` (the flags), `claim` (the node's tag, at start-up),
 `store` (the Redis connection and its state), `scripts` (the atomic steps, in Lua),
 `registry` (heartbeats and the node table), `signing` and `forwarding` (one signed hop to
-another node), `routing` (the middleware: forward, place, redeem), `secrets` (ephemeral
-secrets in Redis), `leases` (upstream seats for the remote plugins), `metrics`, `node` (it
-all, on the app). docs/operations.md, Cluster, is the operator's view.
+another node), `sockets` (websockets carried to another node), `routing` (the middleware:
+forward, place, redeem), `secrets` (ephemeral secrets in Redis), `leases` (upstream seats
+for the remote plugins), `metrics`, `node` (it all, on the app). docs/operations.md,
+Cluster, is the operator's view.
 
 Importing this package imports no Redis client: `install` does, only with `--cluster`.
 """
@@ -47,10 +48,11 @@ def prepare(args: argparse.Namespace) -> ClusterSettings | None:
 
 def install(app: web.Application, settings: ClusterSettings, workers: int) -> None:
     """Join the cluster: the node's heartbeat with the app, its middleware outermost."""
-    from signaling.cluster import node, routing
+    from signaling.cluster import node, routing, sockets
 
     node.start(app, settings, worker_tag.node_tag(), workers)
     routing.install(app)
+    sockets.install(app)  # sidebands and full nodes' media streams to other nodes
 
 
 __all__ = ["ClusterSettings", "add_arguments", "install", "prepare"]

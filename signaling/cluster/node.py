@@ -23,7 +23,9 @@ from signaling.cluster.secrets import ClusterSecrets
 from signaling.cluster.settings import ClusterSettings
 from signaling.cluster.signing import NodeSigner
 from signaling.cluster.store import Store
+from signaling.ice import rtc_network
 from signaling.keys import AGENT_KEY
+from signaling.telephony import TELEPHONY_KEY
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +44,7 @@ class ClusterNode:
 
     @classmethod
     def make(cls, settings: ClusterSettings, tag: str, agent: MediaAgent,
-             workers: int) -> ClusterNode:
+             workers: int, media: dict[str, Any] | None = None) -> ClusterNode:
         store = Store(settings.redis_url, settings.prefix)
         table = NodeTable()
         metrics = ClusterMetrics(agent.metrics.registry)
@@ -51,7 +53,7 @@ class ClusterNode:
         for state in ("serving", "draining", "starting"):
             metrics.nodes.labels(state).set_function(functools.partial(table.count, state))
         return cls(settings, tag, store, table,
-                   Heartbeat(settings, store, agent, tag, workers, table),
+                   Heartbeat(settings, store, agent, tag, workers, table, media),
                    Forwarder(NodeSigner(tag, settings.secret)), ClusterSecrets(store), metrics)
 
     def view(self) -> dict[str, Any]:
@@ -64,6 +66,21 @@ class ClusterNode:
 
 
 CLUSTER_KEY = web.AppKey("cluster_node", ClusterNode)
+
+
+def media_record(app: web.Application, settings: ClusterSettings) -> dict[str, Any]:
+    """Where this node's media goes, for its registry record: the addresses ICE host
+    candidates are gathered on (--ice-host; empty: every interface), the WebRTC port range,
+    shared UDP port and advertised addresses (--rtc-ports, --rtc-udp-port, --rtc-advertise),
+    and the RTP legs' bind and advertised address and ports."""
+    media: dict[str, Any] = {"ice_hosts": list(settings.ice_hosts),
+                             "rtc": rtc_network(app[AGENT_KEY].settings)}
+    telephony = app.get(TELEPHONY_KEY)
+    if telephony is not None:
+        rtp = telephony.rtp
+        media["rtp"] = {"bind": rtp.bind_host, "advertise": rtp.advertised_host or rtp.bind_host,
+                        "ports": f"{rtp.port_min}-{rtp.port_max}"}
+    return media
 
 
 async def _running(app: web.Application) -> AsyncIterator[None]:
@@ -83,7 +100,8 @@ async def _running(app: web.Application) -> AsyncIterator[None]:
 
 def start(app: web.Application, settings: ClusterSettings, tag: str, workers: int) -> None:
     agent = app[AGENT_KEY]
-    node = app[CLUSTER_KEY] = ClusterNode.make(settings, tag, agent, workers)
+    node = app[CLUSTER_KEY] = ClusterNode.make(settings, tag, agent, workers,
+                                               media_record(app, settings))
     use_seat_leases = getattr(agent.plugin, "use_seat_leases", None)
     if callable(use_seat_leases):  # a remote plugin: its engines' seats are the cluster's
         node.seats = RedisSeats(node.store)

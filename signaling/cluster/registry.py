@@ -1,8 +1,9 @@
 """The node registry: this node's heartbeat, and the node table every request routes by.
 
 Every `heartbeat_s` each worker of a node sends one script (scripts.SYNC): the node's record
-(address, serving/draining, capacity), the calls this worker holds (refreshed, so they
-outlive the TTL only while the node lives; ended ones removed) and back the whole table.
+(address, serving/draining, capacity, its ICE/RTP addresses), the calls this worker holds
+(refreshed, so they outlive the TTL only while the node lives; ended ones removed) and back
+the whole table.
 Between heartbeats the worker watches its own legs every `WATCH_S` and sends only what
 changed, so a hung-up call frees its cluster slot within that, and a drain leaves
 placement at once. The table is kept here: forwarding reads it, never Redis, so the calls
@@ -12,6 +13,7 @@ of live nodes stay controllable while Redis is down.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from dataclasses import dataclass, field
@@ -35,6 +37,15 @@ class NodeInfo:
     state: str  # starting | serving | draining
     capacity: int  # 0: no limit
     calls: int  # calls held and slots placed there
+    media: dict[str, Any] = field(default_factory=dict)  # its ICE/RTP addresses (media_record)
+
+
+def _media(value: object) -> dict[str, Any]:
+    try:
+        media = json.loads(str(value or "{}"))
+    except ValueError:
+        return {}
+    return media if isinstance(media, dict) else {}
 
 
 @dataclass
@@ -47,7 +58,8 @@ class NodeTable:
     def update(self, rows: Any) -> None:
         rows = rows if isinstance(rows, list) else []  # an empty Lua table encodes as {}
         self.nodes = {str(r[0]): NodeInfo(str(r[0]), str(r[1]), str(r[2] or ""), int(r[3]),
-                                          int(r[4])) for r in rows}
+                                          int(r[4]), _media(r[5] if len(r) > 5 else None))
+                      for r in rows}
         self.read_at = time.monotonic()
 
     def count(self, state: str) -> float:
@@ -60,7 +72,7 @@ class NodeTable:
 
     def view(self) -> list[dict[str, Any]]:
         return [{"node": n.tag, "address": n.address, "state": n.state,
-                 "capacity": n.capacity, "calls": n.calls}
+                 "capacity": n.capacity, "calls": n.calls, "media": n.media}
                 for n in sorted(self.nodes.values(), key=lambda n: n.tag)]
 
 
@@ -78,9 +90,10 @@ class Heartbeat:
     """This worker's part of the node's record and calls in Redis."""
 
     def __init__(self, settings: ClusterSettings, store: Store, agent: MediaAgent, tag: str,
-                 workers: int, table: NodeTable) -> None:
+                 workers: int, table: NodeTable, media: dict[str, Any] | None = None) -> None:
         self.settings, self.store, self.agent = settings, store, agent
         self.tag, self.workers, self.table = tag, workers, table
+        self.media = json.dumps(media or {}, sort_keys=True)  # this node's, as its record has it
         self.published: dict[str, str] = {}  # call id -> tenant, as Redis has it
         self._state_sent = ""
         self._next_beat = 0.0
@@ -108,7 +121,8 @@ class Heartbeat:
             rows = await self.store.run(
                 "SYNC", node=self.tag, ttl=int(self.settings.ttl_s * 1000), tags=TAGS,
                 record={"address": self.settings.node_address, "state": state,
-                        "capacity": self.agent.capacity, "workers": self.workers},
+                        "capacity": self.agent.capacity, "workers": self.workers,
+                        "media": self.media},
                 add=add, remove=remove)
         except StoreDown:
             return False
@@ -155,7 +169,7 @@ class Heartbeat:
             await self.store.run("SYNC", node=self.tag, ttl=1, tags="",
                                  record={"address": self.settings.node_address,
                                          "state": "draining", "capacity": 0,
-                                         "workers": self.workers},
+                                         "workers": self.workers, "media": self.media},
                                  add=[], remove=[[c, t] for c, t in self.published.items()])
         except StoreDown:
             pass

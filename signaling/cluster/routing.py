@@ -45,6 +45,7 @@ from signaling.cluster.node import CLUSTER_KEY, ClusterNode
 from signaling.cluster.registry import tenant_name, tenant_of_leg
 from signaling.cluster.secrets import Redeemed
 from signaling.cluster.signing import FROM_HEADER
+from signaling.cluster.sockets import FROM_NODE_KEY
 from signaling.cluster.store import StoreDown
 from signaling.cors import with_cors_headers
 from signaling.errors import ApiError, error_response, json_error
@@ -297,10 +298,12 @@ async def route(node: ClusterNode, request: web.Request, handler: Handler
         return await handle_here(node, request, handler, from_worker=True)
     if FROM_HEADER in request.headers:
         body = await read_body_in_time(request)
-        if node.forwarder.signer.verify(request.headers, request.method, request.raw_path,
-                                        body) is None:
+        sender = node.forwarder.signer.verify(request.headers, request.method,
+                                              request.raw_path, body)
+        if sender is None:
             raise ApiError("node_signature_invalid", "a request marked as another node's "
                            "carries no valid signature", status=403)
+        request[FROM_NODE_KEY] = sender  # never carried on to a third node
         return await handle_here(node, with_body(request, body), handler)
     tag = owner_node(request)
     if tag is not None and tag != node.tag and may_be_forwarded(request):

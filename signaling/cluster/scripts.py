@@ -5,8 +5,8 @@ placing at once would both see the last free slot (Redis runs a script with noth
 between). Each script takes one JSON argument and answers JSON; times are Redis's own
 (`TIME`), so the nodes' clocks do not have to agree. Keys, under the cluster's prefix `P`:
 
-- `P node:{tag}`: a node's record (hash: address, state, capacity, workers), with the TTL;
-  it is also the node's claim on its tag;
+- `P node:{tag}`: a node's record (hash: address, state, capacity, workers, media: its
+  ICE/RTP addresses as JSON), with the TTL; it is also the node's claim on its tag;
 - `P calls:{tag}`: the calls a node holds and the slots placed on it (sorted set: member,
   expiry in ms), with the TTL: a dead node's members and key vanish by themselves;
 - `P tenant:{tenant}`: one key's calls and placed slots across the cluster (the same);
@@ -41,7 +41,7 @@ local ck = p .. 'calls:' .. a.node
 if a.record then
   local r = a.record
   redis.call('HSET', nk, 'address', r.address, 'state', r.state, 'capacity', r.capacity,
-             'workers', r.workers, 'seen', now)
+             'workers', r.workers, 'media', r.media or '{}', 'seen', now)
   redis.call('PEXPIRE', nk, a.ttl)
 end
 for _, m in ipairs(a.add) do
@@ -60,9 +60,9 @@ if redis.call('EXISTS', ck) == 1 then keep(ck, a.ttl) end
 local nodes = {}
 for i = 1, #a.tags do
   local tag = string.sub(a.tags, i, i)
-  local r = redis.call('HMGET', p .. 'node:' .. tag, 'address', 'state', 'capacity')
+  local r = redis.call('HMGET', p .. 'node:' .. tag, 'address', 'state', 'capacity', 'media')
   if r[1] then
-    table.insert(nodes, {tag, r[1], r[2], tonumber(r[3]) or 0, load_of(tag)})
+    table.insert(nodes, {tag, r[1], r[2], tonumber(r[3]) or 0, load_of(tag), r[4] or '{}'})
   end
 end
 return cjson.encode(nodes)

@@ -35,6 +35,7 @@ class ClusterSettings:
     max_calls_per_key: int = 0  # 0: no per-key limit
     heartbeat_s: float = HEARTBEAT_S
     ttl_s: float = TTL_S
+    ice_hosts: tuple[str, ...] = ()  # --ice-host: where ICE host candidates are gathered
 
     @property
     def prefix(self) -> str:
@@ -93,4 +94,5 @@ def settings_from_args(args: argparse.Namespace) -> ClusterSettings | None:
     if args.max_calls_per_key < 0:
         raise ClusterFlagError("max_calls_per_key_invalid", "--max-calls-per-key must be >= 0")
     return ClusterSettings(args.cluster, str(address).rstrip("/"), secret.encode(),
-                           args.max_calls_per_key)
+                           args.max_calls_per_key,
+                           ice_hosts=tuple(getattr(args, "ice_host", None) or ()))

@@ -56,7 +56,7 @@ async def relay_media_stream(request: web.Request, max_msg_size: int
         log.info("media stream from %s relayed to another worker (this one is full)",
                  request.remote)
         try:
-            return await _relay(request, upstream, max_msg_size)
+            return await relay_both_ways(request, upstream, max_msg_size)
         finally:
             await upstream.close()
             await session.close()
@@ -86,7 +86,7 @@ async def relay_to_owner(request: web.Request, index: int, max_msg_size: int
         raise ApiError("call_not_found", "no such call (its worker is not running)",
                        param="call_id", status=404) from None
     try:
-        return await _relay(request, upstream, max_msg_size)
+        return await relay_both_ways(request, upstream, max_msg_size)
     finally:
         await upstream.close()
         await session.close()
@@ -98,8 +98,10 @@ def _upgrade_headers(request: web.Request) -> dict[str, str]:
             if not name.lower().startswith("sec-websocket")}
 
 
-async def _relay(request: web.Request, upstream: aiohttp.ClientWebSocketResponse,
+async def relay_both_ways(request: web.Request, upstream: aiohttp.ClientWebSocketResponse,
                  max_msg_size: int) -> web.WebSocketResponse:
+    """The caller's websocket, accepted here and relayed to and from `upstream` until either
+    side closes (also used between cluster nodes: signaling/cluster/sockets.py)."""
     caller = web.WebSocketResponse(max_msg_size=max_msg_size, compress=False)
     await caller.prepare(request)
     to_worker = asyncio.ensure_future(_pump(caller, upstream))

@@ -8,6 +8,7 @@ Programs missing here skip the tests that need them, and fail them when env CI i
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -24,7 +25,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
+from aiortc.rtp import RtpPacket
+
+from agent.telephony.codec import PCMU
 
 REPO = Path(__file__).resolve().parents[2]
 HAPROXY_CFG = REPO / "deploy" / "haproxy.cfg"
@@ -320,3 +325,71 @@ def rtp_call(url: str, headers: dict[str, str] | None = None) -> tuple[int, dict
                            json.dumps({"remote": "127.0.0.1:9", "codec": "PCMU"}).encode(),
                            {"Content-Type": "application/json", **(headers or {})})
     return status, json.loads(body) if body else {}
+
+
+class RtpCaller(asyncio.DatagramProtocol):
+    """A phone on a plain RTP leg: sends a tone every 20 ms to the leg, and keeps when each
+    of the agent's packets came (its sequence number and RTP timestamp)."""
+
+    def __init__(self) -> None:
+        self.transport: asyncio.DatagramTransport | None = None
+        self.arrivals: list[tuple[float, int, int]] = []  # (monotonic, sequence, timestamp)
+        self._sender: asyncio.Task[None] | None = None
+
+    @classmethod
+    async def open(cls) -> RtpCaller:
+        _, caller = await asyncio.get_running_loop().create_datagram_endpoint(
+            cls, local_addr=("127.0.0.1", 0))
+        return caller
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    @property
+    def address(self) -> str:
+        assert self.transport is not None
+        host, port = self.transport.get_extra_info("sockname")[:2]
+        return f"{host}:{port}"
+
+    def datagram_received(self, data: bytes, addr: tuple[str, int]) -> None:
+        try:
+            packet = RtpPacket.parse(data)
+        except ValueError:
+            return
+        self.arrivals.append((time.monotonic(), packet.sequence_number, packet.timestamp))
+
+    def start(self, leg: str) -> None:
+        """Send a 440 Hz tone to the leg's `local` address until `stop`."""
+        host, port = leg.rsplit(":", 1)
+        self._sender = asyncio.ensure_future(self._send((host, int(port))))
+
+    async def _send(self, to: tuple[str, int]) -> None:
+        tone = (np.sin(2 * np.pi * 440 * np.arange(160) / 8000) * 8000).astype(np.int16)
+        payload = PCMU.encode(tone)
+        started, index = time.monotonic(), 0
+        while self.transport is not None and not self.transport.is_closing():
+            self.transport.sendto(RtpPacket(payload_type=0, sequence_number=index & 0xFFFF,
+                                            timestamp=(index * 160) & 0xFFFFFFFF, ssrc=0x5EED,
+                                            payload=payload).serialize(), to)
+            index += 1
+            await asyncio.sleep(max(0.0, started + index * 0.02 - time.monotonic()))
+
+    async def stop(self) -> None:
+        if self._sender is not None:
+            self._sender.cancel()
+            await asyncio.gather(self._sender, return_exceptions=True)
+        if self.transport is not None:
+            self.transport.close()
+
+    def counted(self, since: float, until: float, late_s: float) -> tuple[int, int, int]:
+        """What came between `since` and `until`: (packets, missing ones by sequence number,
+        late ones: more than `late_s` behind the earliest packet by their RTP timestamps)."""
+        window = [(at, seq, ts) for at, seq, ts in self.arrivals if since <= at <= until]
+        if not window:
+            return 0, 0, 0
+        _, first_seq, first_ts = window[0]
+        sequences = {(seq - first_seq) & 0xFFFF for _, seq, _ in window}
+        missing = max(sequences) + 1 - len(sequences)
+        offsets = [at - ((ts - first_ts) & 0xFFFFFFFF) / 8000 for at, _, ts in window]
+        late = sum(offset - min(offsets) > late_s for offset in offsets)
+        return len(window), missing, late

@@ -1,7 +1,10 @@
 """Cluster mode end to end: redis-server, three agent nodes (`python -m signaling
 --cluster ...`, each on its own 127.0.0.x address, the third with `--workers 2`) and HAProxy
 with deploy/haproxy.cfg in front, all real processes on loopback. The tests share one
-cluster and run in order: the last ones pause and restart Redis, kill a node and drain one.
+cluster and run in order: the last ones pause and restart Redis, kill a node (counting the
+RTP packets of the other nodes' calls across the kill) and drain one. Sidebands and media
+streams cross nodes too (signaling/cluster/sockets.py), and /health shows every node's
+media addresses.
 
 Smaller than the issue's counts, to keep the run short on a 2-core machine: capacity 3 x 4
 (burst of 16 admits exactly 12), 12 WebRTC calls through the balancer, 12 secrets minted at
@@ -12,6 +15,7 @@ issue's full counts.
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import os
 import signal
@@ -23,7 +27,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from tests.cluster.support import Cluster, running_cluster, wait_for
+from tests.cluster.support import Cluster, Node, RtpCaller, running_cluster, wait_for
 from tests.support.realtime import RealtimeClient, offer_sdp_once
 
 pytestmark = [pytest.mark.interop, pytest.mark.slow]
@@ -37,6 +41,7 @@ COMMON = ("--max-sessions", str(CAPACITY), "--max-calls-per-key", str(PER_KEY),
           "--admin-key", ADMIN, "--drain-seconds", "60", "--max-secrets-per-key", "3",
           *[flag for key in KEYS for flag in ("--api-key", key)])
 TTL_S = 6.0
+LATE_S = 0.2  # an RTP packet this far behind its stream's schedule counts as late
 
 
 def bearer(key: str) -> dict[str, str]:
@@ -126,7 +131,7 @@ async def test_calls_through_the_balancer_are_controlled_on_their_owner(
             async with session.delete(url + location,
                                       headers=bearer(KEYS[index % 4])) as response:
                 assert response.status == 200, await response.text()
-        forwarded = 0
+        forwarded = 0.0
         for node in cluster.nodes:
             async with session.get(node.url + "/metrics", headers=bearer(ADMIN)) as response:
                 text = await response.text()
@@ -158,6 +163,133 @@ async def test_a_call_placed_on_another_node_carries_audio(cluster: Cluster) -> 
     finally:
         await client.close()
     await wait_all_free(cluster)
+
+
+async def next_event(socket: aiohttp.ClientWebSocketResponse, kind: str) -> dict[str, Any]:
+    """The next server event of type `kind` on a sideband (others are skipped)."""
+    while True:
+        message = await socket.receive(timeout=10)
+        assert message.type == aiohttp.WSMsgType.TEXT, message
+        event = json.loads(message.data)
+        if event.get("type") == kind:
+            return dict(event)
+
+
+async def test_sidebands_reach_the_calls_owner_through_the_balancer(cluster: Cluster) -> None:
+    """`GET /v1/realtime?call_id=ID` through HAProxy (round robin, so each lands on every
+    node in turn) reaches the node that holds the call, whichever it is: session.created,
+    a session.update round trip, and call.ending with a normal close when the call is hung
+    up; another key's call and an unknown id on a live node are 404 before the upgrade."""
+    url = cluster.balancer.url
+    async with aiohttp.ClientSession() as session:
+        calls: list[str] = []
+        while len({tag_of(call) for call in calls}) < 3:  # placement spreads them
+            status, body, _ = await rtp(session, url, KEYS[0])
+            assert status == 201, body
+            calls.append(body["call_id"])
+            assert len(calls) <= 3 * CAPACITY
+        entries: Counter[str] = Counter()
+        for call in calls:
+            for turn in range(3):
+                async with session.ws_connect(f"{url}/v1/realtime?call_id={call}",
+                                              headers=bearer(KEYS[0])) as socket:
+                    assert (await next_event(socket, "session.created"))["type"]
+                    await socket.send_json({"type": "session.update", "event_id": f"u{turn}",
+                                            "session": {"instructions": "Be brief."}})
+                    await next_event(socket, "session.updated")
+        for node in cluster.nodes:  # every node relayed sidebands of other nodes' calls
+            async with session.get(node.url + "/metrics", headers=bearer(ADMIN)) as response:
+                for line in (await response.text()).splitlines():
+                    if line.startswith('agent_cluster_forwarded_requests_total{kind="sideband"}'):
+                        entries[node.tag] += int(float(line.split()[1]))
+        assert len(entries) == 3 and all(entries.values()), entries
+        for call in calls[:3]:
+            for node in cluster.nodes:  # another key's call: 404 wherever it lands
+                with pytest.raises(aiohttp.WSServerHandshakeError) as refused:
+                    await session.ws_connect(f"{node.url}/v1/realtime?call_id={call}",
+                                             headers=bearer(KEYS[1]))
+                assert refused.value.status == 404
+        unknown = "call_" + cluster.nodes[1].tag + "0" + "B" * 22
+        with pytest.raises(aiohttp.WSServerHandshakeError) as refused:
+            await session.ws_connect(f"{cluster.nodes[0].url}/v1/realtime?call_id={unknown}",
+                                     headers=bearer(KEYS[0]))
+        assert refused.value.status == 404
+        # a sideband held open on a node other than the owner ends with its call
+        held = calls[-1]
+        entry = next(node for node in cluster.nodes if node.tag != tag_of(held))
+        async with session.ws_connect(f"{entry.url}/v1/realtime?call_id={held}",
+                                      headers=bearer(ADMIN)) as socket:
+            await next_event(socket, "session.created")
+            async with session.delete(f"{url}/v1/telephony/rtp/{held}",
+                                      headers=bearer(KEYS[0])) as response:
+                assert response.status == 200, await response.text()
+            assert (await next_event(socket, "call.ending"))["type"] == "call.ending"
+            closing = await socket.receive(timeout=10)
+            assert closing.type == aiohttp.WSMsgType.CLOSE and closing.data == 1000, closing
+        await end_all(session, cluster, [f"/v1/telephony/rtp/{c}" for c in calls[:-1]])
+    await wait_all_free(cluster)
+
+
+async def test_a_full_nodes_media_stream_goes_to_a_node_with_room(cluster: Cluster) -> None:
+    """Media-stream websockets opened at one node fill it (they are admitted where they
+    land); the next one opened there is carried to another node with room and carries audio
+    there; with every node full, the node's own 503 before the upgrade."""
+    entry = cluster.nodes[0]
+    path = "/v1/telephony/media-stream"
+    async with aiohttp.ClientSession() as session:
+        streams = []
+        try:
+            for _ in range(CAPACITY):
+                streams.append(await session.ws_connect(entry.url + path, headers=bearer(ADMIN)))
+            await asyncio.to_thread(wait_for, lambda: entry.health()["active_calls"] == CAPACITY,
+                                    10, "the entry node full")
+            others = {node.tag: node.health()["active_calls"] for node in cluster.nodes[1:]}
+            carried = await session.ws_connect(entry.url + path, headers=bearer(ADMIN))
+            streams.append(carried)
+            sid = "MZ" + "1" * 32
+            await carried.send_json({"event": "connected", "protocol": "Call"})
+            await carried.send_json({"event": "start", "streamSid": sid, "start": {
+                "streamSid": sid, "mediaFormat": {"encoding": "audio/x-mulaw",
+                                                  "sampleRate": 8000, "channels": 1}}})
+            payload = base64.b64encode(bytes([0x7F]) * 160).decode()
+            echoed = 0
+            for chunk in range(50):
+                await carried.send_json({"event": "media", "streamSid": sid, "media": {
+                    "chunk": str(chunk + 1), "payload": payload}})
+                await asyncio.sleep(0.02)
+            while echoed == 0:
+                message = await carried.receive(timeout=10)
+                assert message.type == aiohttp.WSMsgType.TEXT, message
+                echoed += json.loads(message.data).get("event") == "media"
+            assert entry.health()["active_calls"] == CAPACITY
+            now = {node.tag: node.health()["active_calls"] for node in cluster.nodes[1:]}
+            assert sum(now.values()) == sum(others.values()) + 1, (others, now)
+        finally:
+            for stream in streams:
+                await stream.close()
+    await wait_all_free(cluster)
+
+
+def test_the_node_table_shows_each_nodes_media_addresses(cluster: Cluster) -> None:
+    """Each node's registry record carries where its media goes: /health's cluster view
+    on any node lists every node's ICE host addresses, WebRTC ports and RTP bind (within a
+    heartbeat of the nodes' start, when a node's record is still only its claim)."""
+    def every_record_full(viewer: Node) -> bool:
+        rows = viewer.health()["cluster"]["nodes"]
+        return len(rows) == len(cluster.nodes) and all(row["media"] for row in rows)
+
+    for viewer in cluster.nodes:
+        wait_for(lambda v=viewer: every_record_full(v), 3, "every node's media record")
+        rows = {row["node"]: row for row in viewer.health()["cluster"]["nodes"]}
+        assert set(rows) == {node.tag for node in cluster.nodes}
+        for node in cluster.nodes:
+            media = rows[node.tag]["media"]
+            assert media["ice_hosts"] == [node.host], media
+            assert media["rtc"] == {"ports": None, "udp_port": None, "advertise": []}, media
+            assert media["rtp"] == {"bind": "127.0.0.1", "advertise": "127.0.0.1",
+                                    "ports": "40000-40999"}, media
+    record = cluster.redis.command("HGET", f"agent:node:{cluster.nodes[0].tag}", "media")
+    assert json.loads(record)["ice_hosts"] == [cluster.nodes[0].host]
 
 
 async def test_bad_requests_at_the_cluster_layer_get_coded_errors(cluster: Cluster) -> None:
@@ -340,16 +472,33 @@ async def test_calls_outlive_redis_paused_and_restarted(cluster: Cluster) -> Non
 
 
 async def test_a_killed_nodes_keys_vanish_and_its_calls_answer_404(cluster: Cluster) -> None:
+    """SIGKILL of one node: its keys are gone within one TTL (+ 0.5 s), controls of its
+    calls answer 404 `call_not_found` within 7 s, and the RTP calls on the other nodes keep
+    their audio across the kill: no packet missing, none late (LATE_S behind)."""
     url = cluster.balancer.url
     victim = cluster.nodes[1]
+    callers: dict[str, RtpCaller] = {}
     async with aiohttp.ClientSession() as session:
-        calls = []
-        while not any(tag_of(c) == victim.tag for c in calls):
-            calls.append((await rtp(session, url, KEYS[len(calls) % 4]))[1]["call_id"])
+        calls: list[str] = []
+        while (not any(tag_of(c) == victim.tag for c in calls)
+               or sum(tag_of(c) != victim.tag for c in calls) < 4):
+            caller = await RtpCaller.open()
+            async with session.post(url + "/v1/telephony/rtp", headers=bearer(
+                    KEYS[len(calls) % 4]), json={
+                    "remote": caller.address, "codec": "PCMU"}) as response:
+                body = await response.json()
+                assert response.status == 201, body
+            caller.start(body["local"])
+            callers[body["call_id"]] = caller
+            calls.append(body["call_id"])
+            assert len(calls) <= 2 * CAPACITY
+        survivors = [callers[c] for c in calls if tag_of(c) != victim.tag]
+        await asyncio.sleep(1.0)  # the echo flows
+        assert all(caller.arrivals for caller in survivors)
         theirs = next(c for c in calls if tag_of(c) == victim.tag)
         victim.process.send_signal(signal.SIGKILL)
         killed = time.monotonic()
-        victim.process.wait(5)
+        await asyncio.to_thread(victim.process.wait, 5)
 
         def gone() -> bool:
             return not cluster.redis.keys(f"agent:*:{victim.tag}")
@@ -369,6 +518,13 @@ async def test_a_killed_nodes_keys_vanish_and_its_calls_answer_404(cluster: Clus
                 async with session.get(f"{url}/v1/telephony/rtp/{call}",
                                        headers=bearer(ADMIN)) as response:
                     assert response.status == 200
+        across = time.monotonic()
+        counts = [caller.counted(killed - 0.5, across, LATE_S) for caller in survivors]
+        for caller in callers.values():
+            await caller.stop()
+        # each surviving call's echo went on through the kill, whole and on time
+        assert all(packets >= (across - killed) / 0.02 * 0.8 for packets, _, _ in counts), counts
+        assert [(missing, late) for _, missing, late in counts] == [(0, 0)] * len(counts), counts
         await end_all(session, cluster, [f"/v1/telephony/rtp/{c}" for c in calls
                                          if tag_of(c) != victim.tag])
     cluster.nodes.remove(victim)
