@@ -421,6 +421,7 @@ async function startCall() {
     call.addEventListener("server-event", (event) => onServerEvent(event.detail));
     call.addEventListener("channel-close", () => onServerGone(call));
     await call.start(state.micStream.getAudioTracks()[0], state.micStream);
+    if (call === state.call) state.recovery?.watchInbound(() => call.pc);
     state.timings.answeredAt = performance.now();
     startStatsPolling();
     state.connectTimer = setTimeout(() => {

@@ -9,7 +9,8 @@ behind a masquerading NAT. Built with `ip netns`, veth pairs and nftables; alway
 - agent-nat: 1:1 NAT 198.51.100.10 <-> 10.231.1.2 (DNAT in, SNAT out), and a forward filter
   that drops everything to the agent except TCP to its HTTP port and the UDP ports given
   (the `--rtc-ports` range or the `--rtc-udp-port` port), counting what it let through;
-- home-nat: masquerades 10.231.2.0/24 behind 198.51.100.20;
+- home-nat: masquerades 10.231.2.0/24 behind 198.51.100.20; `switch_home_address()` moves
+  it to another public address mid-call (a network change, as when a phone leaves Wi-Fi);
 - neither router has a route to the other side's private network, so only the public
   addresses reach across. Every address is private (10.231/16) or documentation
   (198.51.100/24, RFC 5737); nothing is routed outside the namespaces.
@@ -38,8 +39,10 @@ AGENT_GATEWAY = "10.231.1.1"
 AGENT_PUBLIC = "198.51.100.10"
 AGENT_NAT_PUBLIC = "198.51.100.1"
 HOME_NAT_PUBLIC = "198.51.100.20"
+HOME_NAT_SWITCHED = "198.51.100.21"  # the home's public address after a network change
 HOME_GATEWAY = "10.231.2.1"
 HOME_PRIVATE = "10.231.2.2"
+HOME_PRIVATE_SWITCHED = "10.231.2.3"  # the caller's own address after it changed network
 HTTP_PORT = 8080
 REPO = Path(__file__).resolve().parents[2]
 COMMAND_TIMEOUT = 10.0
@@ -115,6 +118,8 @@ class NatLab:
     processes: list[asyncio.subprocess.Process] = field(default_factory=list)
     log_reader: asyncio.Task[None] | None = None
     agent_udp_ports: set[int] = field(default_factory=set)
+    home_private: str = HOME_PRIVATE  # the caller's address now (switch_home_network)
+    home_public: str = HOME_NAT_PUBLIC  # its NAT's public address now (switch_home_address)
 
     @property
     def agent(self) -> str:
@@ -199,6 +204,39 @@ table ip lab {
   }
 }
 """)
+
+    def switch_home_address(self, address: str | None = None) -> None:
+        """A network change: the home NAT's traffic leaves from `address` from now on (by
+        default the other of 198.51.100.20 and .21). The address is added beside the old one,
+        the masquerade replaced with `snat to address` and the router's connection tracking
+        flushed (`conntrack -F`), so the flows already running (the call's UDP, kept-alive
+        HTTP) get the new source at once; what the far side still sends to the old address
+        finds no mapping there and is refused."""
+        if address is None:
+            address = HOME_NAT_SWITCHED if self.home_public == HOME_NAT_PUBLIC else HOME_NAT_PUBLIC
+        if f" {address}/" not in self.ns(self.home_nat, "ip", "-o", "addr", "show", "dev", "p1"):
+            _run("ip", "-n", self.home_nat, "addr", "add", f"{address}/24", "dev", "p1")
+        self.nft(self.home_nat, f"""
+flush chain ip lab post
+add rule ip lab post oifname "p1" snat to {address}
+""")
+        self.ns(self.home_nat, "conntrack", "-F")
+        self.home_public = address
+
+    def switch_home_network(self, private: str | None = None,
+                            public: str | None = None) -> None:
+        """A network change the caller sees itself (Wi-Fi to cellular): its own address
+        moves to `private` (by default the other of 10.231.2.2 and .3; the old one deleted, so
+        its sockets there go dead) and its NAT's to `public` (`switch_home_address`)."""
+        if private is None:
+            private = HOME_PRIVATE_SWITCHED if self.home_private == HOME_PRIVATE else HOME_PRIVATE
+        # Deleting an interface's first address deletes the others too unless promoted.
+        self.ns(self.home, "sysctl", "-q", "-w", "net.ipv4.conf.h0.promote_secondaries=1")
+        _run("ip", "-n", self.home, "addr", "add", f"{private}/24", "dev", "h0")
+        _run("ip", "-n", self.home, "addr", "del", f"{self.home_private}/24", "dev", "h0")
+        _run("ip", "-n", self.home, "route", "replace", "default", "via", HOME_GATEWAY)
+        self.home_private = private
+        self.switch_home_address(public)
 
     def nft(self, namespace: str, ruleset: str) -> None:
         result = subprocess.run(["ip", "netns", "exec", namespace, "nft", "-f", "-"],
