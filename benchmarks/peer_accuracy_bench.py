@@ -3,7 +3,8 @@ fixed delay (`delay_frames` × 80 ms), on a real WebRTC call.
 
 Each call plays one burst of band-limited noise with sharp 5 ms edges (`--burst` seconds) and
 runs `expect_speech`; the peer's response latency comes from webrtcvad's speech edges on both
-channels (agent/testing/peer/vad.py). The reference for the same call is sample-accurate:
+channels, each refined to the sample where the short-term energy crosses 30 dB below the
+segment's mean (agent/testing/peer/vad.py). The reference for the same call is sample-accurate:
 where the burst's first 50 ms came back (cross-correlation on the agent channel; it carries
 the echo's delay_frames plus the path's own delay) minus where the burst ended in what was
 sent (its start found the same way, plus its exact length). The error is the difference; the

@@ -5,10 +5,12 @@ least 4x fewer CPU cycles per call than the agent's echo path. This script start
 (`python -m signaling`, echo plugin, one worker, SIP on loopback) pinned to core 0, pins
 itself to core 1, and for each transport places `--calls` concurrent calls of `--seconds`
 with the peer's transports (`open_call`: connect, play the test signal, hang up), then
-measures each call (`measure_into`: first audio, echo delay, jitter, gaps) as
-`python -m agent.peer` does. It reads the server's CPU time (its process tree, /proc) and
-its own (`time.process_time()`, every thread) around the calls and around the measuring,
-and prints CPU seconds per call-second for each and the ratios. One warm-up call per
+measures and judges each call as `python -m agent.peer --repeat N --concurrency M` does
+(`measure_into`: first audio, echo delay, jitter, gaps; `analyse`: both channels' speech
+segments, turn latencies and the checks; PESQ is off in that mode). It reads the server's
+CPU time (its process tree, /proc) and its own (`time.process_time()`, every thread) around
+the calls and around the measuring, and prints CPU seconds per call-second for each and the
+ratios. One warm-up call per
 transport first, so imports and one-off tables are not counted.
 
     python benchmarks/peer_cpu_bench.py [--calls 8] [--seconds 4] [--transports webrtc,rtp]
@@ -28,6 +30,7 @@ from agent.rtc_tuning import limit_host_addresses
 from agent.testing.peer.call import test_signal
 from agent.testing.peer.measure import measure_into
 from agent.testing.peer.report import CallReport
+from agent.testing.peer.run import CallPlan, analyse
 from agent.testing.peer.transports.base import PeerCall, PeerOptions, open_call
 
 TRANSPORTS = ["webrtc", "realtime", "media-stream", "rtp", "sip"]
@@ -68,7 +71,10 @@ def run_level(pid: int, url: str, transport: str, count: int, seconds: float) ->
     agent_cpu = tree_cpu_seconds(pid) - agent_before
     peer_live = time.process_time() - peer_before
     before_measure = time.process_time()
+    plan = CallPlan(url=url, transport=transport, pesq="off")
     reports = [measure_into(CallReport(), call) for call in placed]
+    for index, (report, call) in enumerate(zip(reports, placed, strict=True)):
+        analyse(plan, report, call, [], index)
     peer_measure = time.process_time() - before_measure
     call_seconds = count * seconds
     passed = sum(r.ok and (r.correlation or 0) > 0.8 for r in reports)

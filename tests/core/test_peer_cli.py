@@ -53,9 +53,11 @@ async def test_a_play_file_is_played_to_its_end(echo_agent: RunningAgent, tmp_pa
     report = json.loads(out)
     assert status == 0 and report["ok"], err
     # The whole file, then 1 s more to hear its end come back (the old default cut at 5 s,
-    # and a longer file was cut short).
-    assert report["seconds_sent"] == pytest.approx(3.0, abs=0.1)
-    assert report["seconds_received"] > 2.0
+    # and a longer file was cut short): the call lasts 3 s, and a sender that a loaded machine
+    # slowed sends less than 3 s in them (it paces by its clock and does not catch up), but
+    # all of the 2 s file. The echo of what was sent comes back within the 1 s tail.
+    assert 2.0 <= report["seconds_sent"] <= 3.1
+    assert report["seconds_received"] > report["seconds_sent"] - 1.0
     assert isinstance(report["events"], dict) and report["events"].get("session.created") == 1
     assert (tmp_path / "out.wav").stat().st_size > 44
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from junitparser import JUnitXml
 
-from agent.testing.peer.cli import add_pesq_checks
+from agent.testing.peer.cli import add_pesq_checks, build_parser, prepare
 from agent.testing.peer.report import CallReport, RunReport
 from agent.testing.peer.wav import save_wav
 from tests.peer.speech import bursts
@@ -86,6 +86,21 @@ async def test_repeated_concurrent_calls_report_percentiles(echo_agent: RunningA
     assert body["aggregates"]["delay_ms"]["n"] == 2
     assert set(body["aggregates"]["delay_ms"]) == {"n", "p50", "p95"}
     assert err == ""  # no progress bar when stderr is not a terminal
+
+
+@pytest.mark.parametrize("extra,deferred", [
+    ([], False),
+    (["--repeat", "3"], True),
+    (["--concurrency", "2"], True),
+    (["--repeat", "3", "--script", "s.yaml"], False),  # the steps listen as the call runs
+])
+def test_a_load_test_of_plain_calls_decodes_after_each_call(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, extra: list[str],
+        deferred: bool) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "s.yaml").write_text("- silence: 0.1\n")
+    plan = prepare(build_parser().parse_args(["http://127.0.0.1:9", *extra]))
+    assert plan.options.extra.get("defer_decoding", False) is deferred
 
 
 @pytest.mark.parametrize("script,code", [

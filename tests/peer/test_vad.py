@@ -1,4 +1,4 @@
-"""Speech segments from webrtcvad (agent/testing/peer/vad.py): edges on a 1 ms grid, short
+"""Speech segments from webrtcvad (agent/testing/peer/vad.py): edges refined to the sample,
 pauses bridged, clicks dropped, and the online tracker's onsets."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from agent.testing.peer.vad import SpeechTracker, mask_segments, speech_segments
-from tests.peer.speech import RATE, bursts
+from tests.peer.speech import RATE, bursts, padded, sharp_burst
 
 
 def test_bursts_come_out_as_segments_near_their_edges() -> None:
@@ -29,6 +29,29 @@ def test_onsets_follow_the_audio_by_the_millisecond_not_by_the_frame() -> None:
         audio = bursts([(0.5 + shift, 1.3 + shift)], 2.0)
         onsets.append(speech_segments(audio, RATE)[0].start - shift)
     assert max(onsets) - min(onsets) < 0.003
+
+
+@pytest.mark.parametrize("at", [0.3, 0.30137, 0.30713])
+def test_sharp_edges_are_found_to_the_sample_not_to_the_frame(at: float) -> None:
+    # A burst with 5 ms edges at an arbitrary sample: the detector's 10 ms frames put its
+    # edges up to a frame outside; the refined edges are within a millisecond.
+    audio = np.zeros(int(1.5 * RATE), dtype=np.float32)
+    burst = sharp_burst(0.4)
+    start = int(at * RATE)
+    audio[start : start + len(burst)] = burst
+    (segment,) = speech_segments(audio, RATE)
+    assert segment.start == pytest.approx(start / RATE, abs=0.001)
+    assert segment.end == pytest.approx(start / RATE + 0.4, abs=0.001)
+
+
+def test_an_edge_over_a_noise_floor_keeps_the_detectors_position() -> None:
+    # Noise 20 dB under the speech never drops 30 dB below it: nothing to refine to, and the
+    # edge stays where the detector put it (within its 10 ms frame and a bit).
+    floor = np.random.default_rng(3).standard_normal(int(1.6 * RATE)).astype(np.float32)
+    audio = padded(sharp_burst(0.4), 0.6) + floor * 0.025
+    segments = speech_segments(audio, RATE)
+    assert len(segments) == 1
+    assert segments[0].start == pytest.approx(0.6, abs=0.03)
 
 
 def test_silence_and_digital_silence_have_no_speech() -> None:

@@ -4,7 +4,8 @@
   noise (`LOUD_RMS`);
 - round-trip delay of what was sent (the test signal): when the received stream started minus
   when the sent one did, plus the lag at which the received audio best matches the sent audio
-  (`agent.testing.testsignal.measure_echo`), with its correlation, holes and lag spread;
+  (`agent.testing.peer.echo`, the load-test-cheap form of `testsignal.measure_echo`), with
+  its correlation, holes and lag spread;
 - gaps: pauses between arrivals over 60 ms after the first second;
 - jitter: the RFC 3550 interarrival jitter estimate (section 6.4.1) of the received pieces,
   their arrival times against their media positions;
@@ -17,10 +18,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from agent.testing.peer import echo as echoes
 from agent.testing.peer.recording import LOUD_RMS, Recording
 from agent.testing.peer.report import CallReport
 from agent.testing.peer.transports.base import PeerCall
-from agent.testing.testsignal import measure_echo
 
 
 @dataclass
@@ -29,6 +30,8 @@ class EchoDelay:
     correlation: float
     holes: int
     lag_spread_ms: float
+    windows: int = 0  # 250 ms windows scored (after the first second)
+    matched: float = 0.0  # their mean correlation, the holes left out
 
 
 def first_loud_time(recording: Recording, threshold: float = LOUD_RMS) -> float | None:
@@ -64,13 +67,6 @@ def interarrival_jitter(recording: Recording) -> float | None:
     return jitter
 
 
-def fft_friendly(samples: np.ndarray, block: int = 4800) -> np.ndarray:
-    """Zero-padded to a multiple of `block` (2^6 * 3 * 5^2): the echo measure's FFTs over a
-    length with a large prime factor cost ten times as much."""
-    extra = -len(samples) % block
-    return np.concatenate([samples, np.zeros(extra, np.float32)]) if extra else samples
-
-
 def echo_delay(sent: Recording, received: Recording) -> EchoDelay | None:
     """How long what was sent took to come back, on the t0 timeline; None without audio."""
     sent_start, received_start = sent.start_time(), received.start_time()
@@ -84,12 +80,14 @@ def echo_delay(sent: Recording, received: Recording) -> EchoDelay | None:
         received_samples = np.concatenate([np.zeros(head, np.float32), received_samples])
     elif head < 0:
         sent_samples = np.concatenate([np.zeros(-head, np.float32), sent_samples])
-    echo = measure_echo(fft_friendly(sent_samples), fft_friendly(received_samples), sent.rate)
+    echo = echoes.measure(sent_samples, received_samples, sent.rate)
     return EchoDelay(
         delay_ms=round(echo.lag_seconds * 1000, 1),
         correlation=round(echo.correlation, 3),
         holes=echo.holes,
         lag_spread_ms=round(echo.lag_spread_seconds * 1000, 1),
+        windows=echo.windows,
+        matched=round(echo.matched, 3),
     )
 
 

@@ -10,6 +10,11 @@ first one, when the remote is not known: symmetric RTP) are decoded into the cal
 `received` recording as they come, or, with `extra["defer_decoding"]` (a load test without a
 script: nothing reads the audio during the call), kept as bytes and decoded after the call
 (`PeerCall.finish_recordings`).
+In that load-test mode the socket is not on the event loop at all: each tick of the shared
+send clock first drains every stream's socket (non-blocking `recvmsg` until it is empty),
+with each packet's arrival time from the kernel (`SO_TIMESTAMPNS`), then sends. A datagram
+then costs no wake-up and no selector round of its own (those were most of the peer's CPU
+per RTP call), and the jitter and gaps still see when each packet really arrived.
 Telephone-events become `dtmf` events. Sequence numbers give packets received and lost
 (RFC 3550 A.3), RTP timestamps against arrival times the interarrival jitter (RFC 3550
 6.4.1). Packets are parsed with aiortc's `RtpPacket`; sent headers are packed directly
@@ -20,7 +25,9 @@ from __future__ import annotations
 
 import asyncio
 import secrets
+import socket
 import struct
+import sys
 import time
 import weakref
 from collections import deque
@@ -49,6 +56,10 @@ from agent.testing.peer.transports.telephone_events import (
 Address = tuple[str, int]
 MAX_DATAGRAM = 2048
 RTP_HEADER = struct.Struct("!BBHII")
+TIMESPEC = struct.Struct("@qq")  # struct timespec of an SO_TIMESTAMPNS control message
+# Linux's SO_TIMESTAMPNS (asm-generic/socket.h), which Python's socket module does not name;
+# elsewhere a polled packet's arrival is the drain's time (within one 20 ms tick).
+SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35 if sys.platform == "linux" else None)
 PACKET_SECONDS = SAMPLES_PER_PACKET / NARROW_RATE
 
 _clocks: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, SendClock] = (
@@ -100,6 +111,7 @@ class RtpStream:
         self._timestamp = secrets.randbits(32)
         self._digit_timestamp = 0
         self._transport: asyncio.DatagramTransport | None = None
+        self._socket: socket.socket | None = None  # load-test mode: drained on each tick
         self._pacer = Pacer(MonotonicClock(), PACKET_SECONDS)
         self._leave_clock: Callable[[], None] | None = None
         self._digit_slots: deque[DigitSlot] = deque()
@@ -119,6 +131,8 @@ class RtpStream:
         self._last_transit: float | None = None
 
     async def bind(self, host: str, port: int = 0) -> Address:
+        if self.defer_decoding:
+            return self._bind_polled(host, port)
         loop = asyncio.get_running_loop()
         transport, _ = await loop.create_datagram_endpoint(lambda: _Protocol(self),
                                                            local_addr=(host, port))
@@ -126,6 +140,41 @@ class RtpStream:
         sockname = transport.get_extra_info("sockname")
         self.local = (sockname[0], sockname[1])
         return self.local
+
+    def _bind_polled(self, host: str, port: int) -> Address:
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_DGRAM)
+        try:
+            sock.setblocking(False)
+            if SO_TIMESTAMPNS is not None:
+                sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+            sock.bind((host, port))
+        except OSError:
+            sock.close()
+            raise
+        self._socket = sock
+        sockname = sock.getsockname()
+        self.local = (sockname[0], sockname[1])
+        return self.local
+
+    def _drain(self) -> None:
+        """Every datagram waiting on the polled socket, with its kernel arrival time."""
+        assert self._socket is not None
+        offset = time.time() - time.monotonic()
+        while True:
+            try:
+                data, ancillary, _, source = self._socket.recvmsg(MAX_DATAGRAM + 1, 64)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:  # an ICMP error for an earlier send
+                self.send_errors += 1
+                continue
+            arrived = time.monotonic()
+            for level, kind, value in ancillary:
+                if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS:
+                    seconds, nanoseconds = TIMESPEC.unpack_from(value)
+                    arrived = seconds + nanoseconds * 1e-9 - offset
+            self.on_datagram(data, (source[0], source[1]), arrived)
 
     def start(self, remote: Address | None) -> None:
         """Send to `remote` (None: to whoever sends first) from now on."""
@@ -136,7 +185,7 @@ class RtpStream:
     # -- sending ---------------------------------------------------------------------------
 
     def _send(self, payload_type: int, payload: bytes, marker: bool, timestamp: int) -> None:
-        if self._transport is None or self.remote is None:
+        if (self._transport is None and self._socket is None) or self.remote is None:
             return
         # The 12-byte header packed directly (RFC 3550 5.1: version 2, no padding, extension
         # or CSRCs): the same bytes as aiortc's RtpPacket.serialize, without an object per
@@ -144,10 +193,19 @@ class RtpStream:
         header = RTP_HEADER.pack(0x80, (0x80 if marker else 0) | payload_type, self._sequence,
                                  timestamp, self.ssrc)
         self._sequence = (self._sequence + 1) & 0xFFFF
-        self._transport.sendto(header + payload, self.remote)
+        if self._socket is not None:
+            try:
+                self._socket.sendto(header + payload, self.remote)
+            except OSError:  # a full buffer or an ICMP error: the packet is lost
+                self.send_errors += 1
+        elif self._transport is not None:
+            self._transport.sendto(header + payload, self.remote)
 
     def _send_due(self, tick_at: float, now: float) -> None:
-        """On the shared send clock's tick: the packets now due (normally one)."""
+        """On the shared send clock's tick: what arrived since the last (load-test mode),
+        then the packets now due (normally one)."""
+        if self._socket is not None:
+            self._drain()
         for _ in range(self._pacer.take_due(tick_at, now)):
             self._send_one(now)
 
@@ -185,8 +243,8 @@ class RtpStream:
 
     # -- receiving -------------------------------------------------------------------------
 
-    def on_datagram(self, data: bytes, source: Address) -> None:
-        now = time.monotonic()
+    def on_datagram(self, data: bytes, source: Address, arrived: float | None = None) -> None:
+        now = time.monotonic() if arrived is None else arrived
         if len(data) > MAX_DATAGRAM:
             self.foreign_packets += 1
             return
@@ -271,4 +329,7 @@ class RtpStream:
         self._digit_slots.clear()
         if self._transport is not None:
             self._transport.close()
+        if self._socket is not None:
+            self._socket.close()
+            self._socket = None
         self.publish()
