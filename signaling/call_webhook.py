@@ -74,6 +74,24 @@ def ended_event(leg: Leg) -> dict[str, Any]:
     }
 
 
+def new_message_id() -> str:
+    """A Standard Webhooks `webhook-id`: one per event, the same on every try of it."""
+    return "msg_" + secrets.token_hex(12)
+
+
+def signed_headers(signer: Webhook, message_id: str, body: bytes) -> dict[str, str]:
+    """The headers of a webhook POST of the JSON `body`, signed now by `signer` (Standard
+    Webhooks: `webhook-id`, `webhook-timestamp`, `webhook-signature`); this webhook and the
+    SIP `realtime.call.incoming` one both send these."""
+    now = datetime.now(timezone.utc)
+    return {
+        "Content-Type": "application/json",
+        "webhook-id": message_id,
+        "webhook-timestamp": str(int(now.timestamp())),
+        "webhook-signature": signer.sign(message_id, now, body),
+    }
+
+
 class CallEndedWebhook:
     def __init__(self, url: str, secret: str) -> None:
         self.url = url
@@ -138,7 +156,7 @@ class CallEndedWebhook:
 
     async def _deliver(self, event: dict[str, Any]) -> bool:
         body = json.dumps(event).encode()
-        message_id = "msg_" + secrets.token_hex(12)  # the same id on every try
+        message_id = new_message_id()  # the same id on every try
         for attempt in range(ATTEMPTS):
             if attempt:
                 self.retries += 1
@@ -149,13 +167,7 @@ class CallEndedWebhook:
 
     async def _post(self, message_id: str, body: bytes) -> bool:
         assert self._http is not None
-        now = datetime.now(timezone.utc)
-        headers = {
-            "Content-Type": "application/json",
-            "webhook-id": message_id,
-            "webhook-timestamp": str(int(now.timestamp())),
-            "webhook-signature": self._signer.sign(message_id, now, body),
-        }
+        headers = signed_headers(self._signer, message_id, body)
         try:
             async with self._http.post(
                     self.url, data=body, headers=headers, allow_redirects=False,

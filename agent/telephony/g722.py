@@ -12,6 +12,8 @@ our own is written here.
 
 from __future__ import annotations
 
+from typing import Literal
+
 import av
 import numpy as np
 from av.audio.frame import AudioFrame
@@ -21,17 +23,23 @@ RTP_CLOCK_RATE = 8000  # RFC 3551: G.722's RTP clock, whatever it samples at
 STATIC_PAYLOAD_TYPE = 9
 
 
+def _open_context(mode: Literal["r", "w"]) -> av.AudioCodecContext:
+    """FFmpeg's G.722 codec, mono at 16 kHz: "w" encodes int16 samples, "r" decodes."""
+    context = av.CodecContext.create("g722", mode)
+    assert isinstance(context, av.AudioCodecContext)
+    context.sample_rate = SAMPLE_RATE
+    if mode == "w":
+        context.format = "s16"
+    context.layout = "mono"
+    context.open()
+    return context
+
+
 class G722Encoder:
     """int16 mono at 16 kHz → G.722 bytes (4 bits a sample pair: 320 samples, 160 bytes)."""
 
     def __init__(self) -> None:
-        context = av.CodecContext.create("g722", "w")
-        assert isinstance(context, av.AudioCodecContext)
-        context.sample_rate = SAMPLE_RATE
-        context.format = "s16"
-        context.layout = "mono"
-        context.open()
-        self._context = context
+        self._context = _open_context("w")
 
     def encode(self, samples: np.ndarray) -> bytes:
         """Whole 20 ms chunks come out at once; other sizes are buffered to 320 samples."""
@@ -48,12 +56,7 @@ class G722Decoder:
     """G.722 bytes → int16 mono at 16 kHz (two samples a byte)."""
 
     def __init__(self) -> None:
-        context = av.CodecContext.create("g722", "r")
-        assert isinstance(context, av.AudioCodecContext)
-        context.sample_rate = SAMPLE_RATE
-        context.layout = "mono"
-        context.open()
-        self._context = context
+        self._context = _open_context("r")
 
     def decode(self, payload: bytes) -> np.ndarray:
         if not payload:

@@ -68,6 +68,7 @@ from signaling.sip.transaction import (
     ClientTransaction,
     InviteServerTransaction,
     ServerTransaction,
+    retransmit_2xx,
 )
 from signaling.sip.transport import Flow
 from signaling.sip.trunks import Trunk
@@ -753,22 +754,11 @@ class Dialer:
         assert isinstance(tx, InviteServerTransaction) and call.dialog is not None
         call.ack_cseq = tx.request.cseq.number
         tx.respond(ok)
-        data, send, settings = ok.to_bytes(), tx.send, self.ua.config.timers
-        interval = settings.t1
-
-        def retransmit() -> None:
-            nonlocal interval
-            if call.ack_cseq is None or call.state != ANSWERED:
-                return
-            try:
-                send(data)
-            except (OSError, ConnectionError):
-                return
-            interval = min(2 * interval, settings.t2)
-            call.timers["2xx"] = self.ua.timers.call_later(interval, retransmit)
-
+        settings = self.ua.config.timers
         if not call.flow.reliable:
-            call.timers["2xx"] = self.ua.timers.call_later(interval, retransmit)
+            retransmit_2xx(self.ua.timers, settings, tx.send, ok.to_bytes(),
+                           lambda: call.ack_cseq is not None and call.state == ANSWERED,
+                           call.timers)
         call.timers["no_ack"] = self.ua.timers.call_later(settings.timeout,
                                                           lambda: self._no_ack(call))
         self.ua.dialog_hooks.set_ack(call.dialog.id, lambda ack: self._on_ack(call, ack))

@@ -26,7 +26,7 @@ from agent.logs.log_safe import printable
 from agent.task_owner import TaskOwner
 from signaling.sip.dialog import Dialog, DialogId
 from signaling.sip.media import SipRtpLeg
-from signaling.sip.message import SipRequest, SipResponse
+from signaling.sip.message import SipRequest
 from signaling.sip.timers import TimerHandle
 from signaling.sip.transaction import ServerTransaction
 from signaling.sip.transport import Flow
@@ -147,19 +147,7 @@ class Transfers:
         return transfer
 
     async def _send(self, request: SipRequest, flow: Flow) -> int:
-        done: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-
-        def on_response(response: SipResponse) -> None:
-            if response.status >= 200 and not done.done():
-                done.set_result(response.status)
-
-        def on_timeout() -> None:
-            if not done.done():
-                done.set_result(408)
-
-        self.ua.transactions.new_client(request, flow.send, flow.reliable, on_response,
-                                        on_timeout)
-        return await done
+        return await self.ua.transactions.final_status(request, flow.send, flow.reliable)
 
     def _hook(self, request: SipRequest, tx: ServerTransaction) -> bool:
         """A NOTIFY of the refer subscription (others go on to the call's own handling)."""

@@ -19,6 +19,7 @@ retransmitted INVITE into a second call and never retransmitted its own INVITE.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable
 from typing import ClassVar
@@ -371,6 +372,28 @@ class InviteClientTransaction(ClientTransaction):
             self._transmit(self._ack_bytes)
 
 
+def retransmit_2xx(timers: Timers, settings: TimerSettings, send: Send, data: bytes,
+                   pending: Callable[[], bool], handles: dict[str, TimerHandle]) -> None:
+    """Send an INVITE's 2xx (`data`, already sent once) again over an unreliable flow, T1
+    doubling to T2, while `pending()` says its ACK has not come (RFC 3261 §13.3.1.4: the
+    core, not the transaction, does this). The next resend's handle is kept in
+    `handles["2xx"]` for its owner to cancel; a send that fails ends the resending."""
+    interval = settings.t1
+
+    def again() -> None:
+        nonlocal interval
+        if not pending():
+            return
+        try:
+            send(data)
+        except (OSError, ConnectionError):
+            return
+        interval = min(2 * interval, settings.t2)
+        handles["2xx"] = timers.call_later(interval, again)
+
+    handles["2xx"] = timers.call_later(interval, again)
+
+
 def ack_for_non_2xx(invite: SipRequest, response: SipResponse) -> SipRequest:
     """RFC 3261 §17.1.1.3: the ACK a client transaction sends for a 300-699 answer."""
     headers = Headers()
@@ -440,6 +463,22 @@ class TransactionLayer:
         transaction.on_terminated = forget
         transaction.start()
         return transaction
+
+    async def final_status(self, request: SipRequest, send: Send, reliable: bool) -> int:
+        """Send `request` in a new client transaction and wait for its final status:
+        provisional answers are passed over, and a transaction that times out reads 408."""
+        done: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+
+        def on_response(response: SipResponse) -> None:
+            if response.status >= 200 and not done.done():
+                done.set_result(response.status)
+
+        def on_timeout() -> None:
+            if not done.done():
+                done.set_result(408)
+
+        self.new_client(request, send, reliable, on_response, on_timeout)
+        return await done
 
     def receive_response(self, response: SipResponse) -> bool:
         """Hand a response to its client transaction; False when none matches (stray)."""

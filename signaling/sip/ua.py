@@ -41,7 +41,6 @@ import socket
 import time
 from collections import Counter, deque
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
 
 import aiohttp
 from standardwebhooks import Webhook
@@ -55,6 +54,7 @@ from agent.telephony.address_policy import refusal_for
 from agent.telephony.rtp_leg import RtpSettings
 from agent.worker_tag import ID_TOKEN_BYTES, tagged_token
 from signaling.auth import Principal
+from signaling.call_webhook import new_message_id, signed_headers
 from signaling.sip import sdes
 from signaling.sip import tls as sip_tls
 from signaling.sip.caller_auth import CallerAuth
@@ -89,6 +89,7 @@ from signaling.sip.transaction import (
     ServerKey,
     ServerTransaction,
     TransactionLayer,
+    retransmit_2xx,
     server_key,
 )
 from signaling.sip.transaction import (
@@ -655,14 +656,7 @@ class UserAgent:
         url = self.config.webhook_url
         assert url is not None
         body = json.dumps(self.incoming_event(call)).encode()
-        message_id = "msg_" + secrets.token_hex(12)
-        now = datetime.now(timezone.utc)
-        headers = {
-            "Content-Type": "application/json",
-            "webhook-id": message_id,
-            "webhook-timestamp": str(int(now.timestamp())),
-            "webhook-signature": self._webhook.sign(message_id, now, body),
-        }
+        headers = signed_headers(self._webhook, new_message_id(), body)
         self.counters["webhooks_sent"] += 1
         try:
             timeout = aiohttp.ClientTimeout(total=self.config.accept_timeout)
@@ -743,24 +737,10 @@ class UserAgent:
         call.state = ANSWERED
         call.ack_cseq = tx.request.cseq.number
         tx.respond(ok)
-        data = ok.to_bytes()
-        send = tx.send
         settings = self.config.timers
-        interval = settings.t1
-
-        def retransmit() -> None:
-            nonlocal interval
-            if call.state != ANSWERED:
-                return
-            try:
-                send(data)
-            except (OSError, ConnectionError):
-                return
-            interval = min(2 * interval, settings.t2)
-            call.timers["2xx"] = self.timers.call_later(interval, retransmit)
-
         if not call.flow.reliable:
-            call.timers["2xx"] = self.timers.call_later(interval, retransmit)
+            retransmit_2xx(self.timers, settings, tx.send, ok.to_bytes(),
+                           lambda: call.state == ANSWERED, call.timers)
         call.timers["no_ack"] = self.timers.call_later(settings.timeout,
                                                        lambda: self._no_ack(call))
 
@@ -1015,19 +995,7 @@ class UserAgent:
                                                    self.port_for(flow.transport),
                                                    flow.transport)
                 request.headers.add("Reason", f'SIP;cause=200;text="{reason}"')
-            done: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-
-            def on_response(response: SipResponse) -> None:
-                if response.status >= 200 and not done.done():
-                    done.set_result(response.status)
-
-            def on_timeout() -> None:
-                if not done.done():
-                    done.set_result(408)
-
-            self.transactions.new_client(request, flow.send, flow.reliable, on_response,
-                                         on_timeout)
-            status = await done
+            status = await self.transactions.final_status(request, flow.send, flow.reliable)
             log.info("sip: call %s ended (%s); BYE answered %d", printable(call.dialog.call_id),
                      reason, status)
         finally:

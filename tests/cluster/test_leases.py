@@ -5,8 +5,7 @@ Moshi engine through a real redis-server."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
+from collections.abc import AsyncIterator
 
 import pytest
 
@@ -24,14 +23,6 @@ from tests.support.agents import wait_until
 pytestmark = pytest.mark.interop  # a real redis-server
 
 FAST = LinkSettings(connect_timeout=2.0, handshake_timeout=2.0, stall_timeout=5.0)
-
-
-@pytest.fixture
-def redis(tmp_path: Path) -> Iterator[Redis]:
-    server = Redis(tmp_path / "redis")
-    server.start()
-    yield server
-    server.stop()
 
 
 @pytest.fixture

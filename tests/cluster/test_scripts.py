@@ -6,8 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
-from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -19,14 +18,6 @@ from tests.cluster.support import Redis
 pytestmark = pytest.mark.interop  # a real redis-server
 
 TTL = 6000
-
-
-@pytest.fixture
-def redis(tmp_path: Path) -> Iterator[Redis]:
-    server = Redis(tmp_path / "redis")
-    server.start()
-    yield server
-    server.stop()
 
 
 @pytest.fixture

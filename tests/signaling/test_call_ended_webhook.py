@@ -27,7 +27,7 @@ from agent.call_settings import CallSettings
 from agent.leg import Leg
 from agent.plugins.echo import EchoPlugin
 from agent.ticker import Ticker
-from signaling.call_webhook import ATTEMPTS, CallEndedWebhook
+from signaling.call_webhook import ATTEMPTS, CallEndedWebhook, new_message_id, signed_headers
 from tests.support.agents import wait_until
 from tests.support.realtime import RealtimeClient
 from tests.support.server_process import running_server
@@ -203,3 +203,15 @@ async def test_a_failing_receiver_is_retried_logged_once_and_counted(
     lines = [record.getMessage() for record in caplog.records]
     assert sum("failed after" in line for line in lines) == 1
     assert sum("succeed again" in line for line in lines) == 1
+
+
+def test_signed_headers_verify_with_the_library_and_only_for_their_body() -> None:
+    body = json.dumps({"type": "realtime.call.ended"}).encode()
+    message_id = new_message_id()
+    headers = signed_headers(Webhook(SECRET), message_id, body)
+    assert headers["webhook-id"] == message_id and message_id.startswith("msg_")
+    assert headers["Content-Type"] == "application/json"
+    assert Webhook(SECRET).verify(body, headers) == {"type": "realtime.call.ended"}
+    with pytest.raises(WebhookVerificationError):
+        Webhook(SECRET).verify(body + b" ", headers)
+    assert new_message_id() != message_id

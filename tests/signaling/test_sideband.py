@@ -20,6 +20,7 @@ from aiohttp.test_utils import TestServer
 from aiortc import RTCSessionDescription
 from aiortc.rtp import RtpPacket
 
+from agent.leg import Leg
 from agent.media_agent import AgentSettings, MediaAgent
 from agent.realtime.events import server_event
 from agent.realtime.sideband import QUEUE_LIMIT
@@ -33,11 +34,12 @@ from signaling.sip.config import SipConfig
 from signaling.sip.sdp import SessionDescription, parse_sdp
 from signaling.sip.service import install as install_sip
 from tests.sip.helpers import Dialogue, RtpProbe, SipPeer, sdp_offer
-from tests.support.agents import AgentFactory, wait_until
+from tests.support.agents import AgentFactory, RunningAgent, wait_until
 from tests.support.keypad_plugin import KeypadEchoPlugin
 from tests.support.realtime import RealtimeClient
 from tests.support.server_process import running_server
 from tests.support.text_echo_plugin import TextEchoPlugin
+from tests.workers.test_workers import wait_for_async
 
 SIDEBAND = "/v1/realtime"
 MEDIA_STREAM = "/v1/telephony/media-stream"
@@ -122,6 +124,17 @@ def media_stream_start(stream_sid: str = "MZ1") -> dict[str, Any]:
         "customParameters": {}}}
 
 
+async def media_stream_call(http: aiohttp.ClientSession, running: RunningAgent,
+                            ) -> tuple[aiohttp.ClientWebSocketResponse, Leg]:
+    """A media-stream call, as its bridge starts one: the bridge's websocket and the call's
+    leg once it holds a plugin seat."""
+    bridge = await http.ws_connect(running.url + MEDIA_STREAM, headers=bearer(OWNER_KEY))
+    await bridge.send_str(json.dumps(media_stream_start()))
+    await wait_until(lambda: any(leg.slot for leg in running.agent.telephony_legs.values()))
+    (leg,) = running.agent.telephony_legs.values()
+    return bridge, leg
+
+
 def ulaw_silence_event(stream_sid: str = "MZ1") -> dict[str, Any]:
     payload = base64.b64encode(bytes([0xFF]) * 160).decode()
     return {"event": "media", "streamSid": stream_sid, "media": {"payload": payload}}
@@ -132,10 +145,7 @@ async def test_media_stream_call_sideband(start_agent: AgentFactory) -> None:
     coded errors on the sender's sideband only, and call.ending with a normal close."""
     running = await start_agent(TextEchoPlugin(), auth=KEYS)
     async with aiohttp.ClientSession() as http:
-        bridge = await http.ws_connect(running.url + MEDIA_STREAM, headers=bearer(OWNER_KEY))
-        await bridge.send_str(json.dumps(media_stream_start()))
-        await wait_until(lambda: any(leg.slot for leg in running.agent.telephony_legs.values()))
-        (leg,) = running.agent.telephony_legs.values()
+        bridge, leg = await media_stream_call(http, running)
         first = await open_sideband(http, running.url, leg.id, OWNER_KEY)
         second = await open_sideband(http, running.url, leg.id, OWNER_KEY)
         for sideband in (first, second):
@@ -299,10 +309,7 @@ async def test_a_sideband_that_falls_behind_is_closed_and_the_call_goes_on(
     on."""
     running = await start_agent(auth=KEYS)
     async with aiohttp.ClientSession() as http:
-        bridge = await http.ws_connect(running.url + MEDIA_STREAM, headers=bearer(OWNER_KEY))
-        await bridge.send_str(json.dumps(media_stream_start()))
-        await wait_until(lambda: any(leg.slot for leg in running.agent.telephony_legs.values()))
-        (leg,) = running.agent.telephony_legs.values()
+        bridge, leg = await media_stream_call(http, running)
         dropped = await open_sideband(http, running.url, leg.id, OWNER_KEY)
         await dropped.wait_event("session.created")
         roomy = leg.sidebands.attach(limit=4 * QUEUE_LIMIT)
@@ -337,7 +344,7 @@ async def test_a_sideband_reaches_the_call_through_the_other_worker(tmp_path: Pa
                         if response.status != 200:
                             return False
                 return True
-            await wait_async(both_up, 60)
+            await wait_for_async(both_up, 60)
             sdp = await call.offer_sdp()
             async with sessions[1].post("http://worker/v1/realtime/calls", data=sdp, headers={
                     "Content-Type": "application/sdp", **bearer(OWNER_KEY)}) as response:
@@ -368,18 +375,6 @@ async def test_a_sideband_reaches_the_call_through_the_other_worker(tmp_path: Pa
             await call.close()
             for session in sessions.values():
                 await session.close()
-
-
-async def wait_async(predicate: Any, timeout: float) -> None:
-    async def poll() -> None:
-        while True:
-            try:
-                if await predicate():
-                    return
-            except (aiohttp.ClientError, OSError):
-                pass
-            await asyncio.sleep(0.1)
-    await asyncio.wait_for(poll(), timeout)
 
 
 async def test_sip_call_sideband_sees_its_digits_and_its_end() -> None:

@@ -1,5 +1,7 @@
-"""What the SIP tests share: a raw SIP peer on UDP/TCP, request builders, an RTP probe,
-a μ-law WAV writer and the sipp runner (skipped without sipp, a failure under CI)."""
+"""What the SIP tests share: a raw SIP peer on UDP/TCP, request builders, a call set up
+(`establish`: INVITE, 200, ACK) and ended (`hang_up`: BYE, 200, the server quiet), an RTP
+probe, a μ-law WAV writer, the sipp runner and the stop of a third-party program by its PID
+(`missing`: skipped without the program, a failure under CI)."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ import struct
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NoReturn
 
 import numpy as np
 import pytest
@@ -31,6 +34,7 @@ from signaling.sip.message import (
     parse_message,
 )
 from signaling.sip.ua import UserAgent
+from tests.support.agents import wait_until
 
 HOST = "127.0.0.1"
 Address = tuple[str, int]
@@ -204,6 +208,16 @@ class TcpSipPeer:
                 return None
             self.buffer.extend(data)
 
+    async def until_final(self) -> tuple[list[int], SipResponse]:
+        """The responses read up to a final one: every status seen, and that final answer."""
+        statuses = []
+        while True:
+            message = await self.next()
+            assert isinstance(message, SipResponse), message
+            statuses.append(message.status)
+            if message.status >= 200:
+                return statuses, message
+
     async def close(self) -> None:
         self.writer.close()
         try:
@@ -270,6 +284,32 @@ class Dialogue:
         """The ACK of a 2xx: a new branch, the INVITE's CSeq number."""
         self.to_tag = response.to_addr.tag
         return self.request("ACK", cseq=invite.cseq.number)
+
+
+async def establish(server: SipServer, peer: SipPeer, offer: bytes = b"", *,
+                    headers: list[tuple[str, str]] | None = None,
+                    ) -> tuple[Dialogue, SipRequest, SipResponse]:
+    """A call from `peer` over UDP: INVITE carrying `offer`, its 200 awaited and ACKed."""
+    dialogue = Dialogue(peer.port, server.sip)
+    invite = dialogue.request("INVITE", body=offer, headers=headers)
+    peer.send(invite, server.sip)
+    ok = await peer.response(200)
+    peer.send(dialogue.ack_for(invite, ok), server.sip)
+    return dialogue, invite, ok
+
+
+async def hang_up(server: SipServer, peer: SipPeer, dialogue: Dialogue,
+                  *closing: SipPeer | RtpProbe) -> SipResponse:
+    """The caller's BYE (next CSeq): its 200 awaited, then the server quiet again (no call,
+    leg or task left); `peer` and `closing` are closed. The BYE's 200 is returned."""
+    dialogue.cseq += 1
+    peer.send(dialogue.request("BYE"), server.sip)
+    ok = await peer.response(200, method="BYE")
+    await wait_until(server.quiet)
+    peer.close()
+    for other in closing:
+        other.close()
+    return ok
 
 
 # -- RTP -------------------------------------------------------------------------------------
@@ -339,15 +379,32 @@ def write_mulaw_wav(path: Path, samples: np.ndarray) -> bytes:
 # -- sipp ------------------------------------------------------------------------------------
 
 
+async def stop_process(process: asyncio.subprocess.Process, grace: float = 5.0) -> None:
+    """Stop a program a fixture started, by its PID: SIGTERM, and SIGKILL if it has not
+    exited `grace` seconds later."""
+    if process.returncode is not None:
+        return
+    process.terminate()
+    try:
+        await asyncio.wait_for(process.wait(), grace)
+    except asyncio.TimeoutError:
+        process.kill()
+        await process.wait()
+
+
+def missing(message: str) -> NoReturn:
+    """A third-party program a test needs is not here: skip, except under CI (then fail)."""
+    if os.environ.get("CI"):
+        pytest.fail(message + " under CI", pytrace=False)
+    pytest.skip(message)
+
+
 def require_sipp() -> str:
     """The sipp binary; skip without it, except under CI (then fail)."""
     path = shutil.which("sipp")
     if path is not None:
         return path
-    message = "sipp is missing (apt-get install sip-tester; scripts/install-test-deps.sh)"
-    if os.environ.get("CI"):
-        pytest.fail(message + " under CI", pytrace=False)
-    pytest.skip(message)
+    missing("sipp is missing (apt-get install sip-tester; scripts/install-test-deps.sh)")
 
 
 @dataclass

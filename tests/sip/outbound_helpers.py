@@ -14,7 +14,15 @@ import aiohttp
 from signaling.sip.config import SipConfig
 from signaling.sip.service import SIP_SERVICE_KEY
 from signaling.sip.trunks import parse_trunks
-from tests.sip.helpers import HOST, SippRun, SipServer, SipServerFactory, run_sipp
+from tests.sip import uas_scenarios
+from tests.sip.helpers import (
+    HOST,
+    SippRun,
+    SipServer,
+    SipServerFactory,
+    free_udp_port,
+    run_sipp,
+)
 
 TRUNKS = {"t1": {"proxy": "sip:127.0.0.1:5999", "username": "alice", "password": "s3cret"}}
 
@@ -87,6 +95,17 @@ async def wait_status(server: SipServer, call_id: str, wanted: str, timeout: flo
         await asyncio.sleep(0.05)
     assert call["status"] == wanted, call
     return call
+
+
+async def answered_call(dialing: SipServer, tmp_path: Path,
+                        ) -> tuple[asyncio.Task[SippRun], int, str]:
+    """An outbound call that sipp answers, echoing its RTP until the agent's BYE: sipp's
+    task, its port and the call's id, once the call is answered."""
+    uas, port = await sipp_uas(tmp_path, uas_scenarios.answer_then_hangup_from_agent(),
+                               "-mp", str(free_udp_port()), "-rtp_echo")
+    _, body, _ = await place(dialing, {"to": sip_to(port)})
+    await wait_status(dialing, body["id"], "answered")
+    return uas, port, body["id"]
 
 
 async def until_idle(server: SipServer) -> None:

@@ -82,6 +82,22 @@ def hang_up(cseq: int = 2) -> str:
     return in_dialog("BYE", cseq) + '  <recv response="200" crlf="true"/>\n'
 
 
+def reply(status: str) -> str:
+    """sipp's answer `status` ("200 OK"), without a body, to the request it received last."""
+    return f"""  <send>
+    <![CDATA[
+      SIP/2.0 {status}
+      [last_Via:]
+      [last_From:]
+      [last_To:]
+      [last_Call-ID:]
+      [last_CSeq:]
+      Content-Length: 0
+    ]]>
+  </send>
+"""
+
+
 def scenario(name: str, body: str) -> str:
     return HEADER + f'<scenario name="{name}">\n{body}</scenario>\n'
 
@@ -168,20 +184,8 @@ def agent_hangs_up() -> str:
     """Call, then wait for the agent's BYE and answer it."""
     body = (invite() + '  <recv response="100" optional="true"/>\n'
             + '  <recv response="180" optional="true"/>\n' + ANSWER + ack()
-            + """  <recv request="BYE" timeout="20000"/>
-  <send>
-    <![CDATA[
-      SIP/2.0 200 OK
-      [last_Via:]
-      [last_From:]
-      [last_To:]
-      [last_Call-ID:]
-      [last_CSeq:]
-      Content-Length: 0
-    ]]>
-  </send>
-  <pause milliseconds="200"/>
-""")
+            + '  <recv request="BYE" timeout="20000"/>\n' + reply("200 OK")
+            + '  <pause milliseconds="200"/>\n')
     return scenario("agent hangs up", body)
 
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import shutil
 import wave
 from collections.abc import AsyncIterator
@@ -26,7 +25,7 @@ import numpy as np
 import pytest
 
 from agent.testing.testsignal import make_test_signal, measure_echo
-from tests.sip.helpers import HOST, SipServer, free_udp_port
+from tests.sip.helpers import HOST, SipServer, free_udp_port, missing, stop_process
 from tests.support.agents import wait_until
 from tests.support.server_process import free_tcp_port
 
@@ -40,11 +39,7 @@ def require_baresip() -> str:
     path = shutil.which("baresip")
     if path is not None and Path(MODULES, "g722.so").exists():
         return path
-    message = ("baresip is missing (apt-get install baresip-core; "
-               "scripts/install-test-deps.sh)")
-    if os.environ.get("CI"):
-        pytest.fail(message + " under CI", pytrace=False)
-    pytest.skip(message)
+    missing("baresip is missing (apt-get install baresip-core; scripts/install-test-deps.sh)")
 
 
 def write_wav(path: Path, samples: np.ndarray, rate: int) -> None:
@@ -102,18 +97,16 @@ class Baresip:
         return path
 
 
-@asynccontextmanager
-async def baresip(workdir: Path, wav: Path, rate: int, codec: str,
-                  extra_modules: tuple[str, ...] = (),
-                  account_params: str = "") -> AsyncIterator[Baresip]:
-    """baresip with `wav` as its microphone and only `codec` (e.g. "G722/16000/1");
-    `extra_modules` loaded too, `account_params` added to its account (";mediaenc=...")."""
-    binary = require_baresip()
+def write_config(workdir: Path, wav: Path, rate: int, modules: list[str], user: str,
+                 account: str) -> tuple[int, int]:
+    """baresip's `config` and `accounts` in workdir/baresip, on fresh loopback ports:
+    headless (`aubridge` plays nothing), `wav` as its microphone at `rate`, `modules` loaded,
+    what it hears recorded in workdir/records, one account `user` with the parameters
+    `account` ("audio_codecs=..."). Returns (SIP port, ctrl_tcp port)."""
     config, records = workdir / "baresip", workdir / "records"
-    config.mkdir(parents=True)
-    records.mkdir()
+    config.mkdir(parents=True, exist_ok=True)
+    records.mkdir(exist_ok=True)
     sip_port, ctrl_port = free_udp_port(), free_tcp_port()
-    modules = ["g711", "g722", "l16", "aufile", "aubridge", "sndfile", *extra_modules]
     (config / "config").write_text("\n".join([
         "poll_method epoll", f"sip_listen {HOST}:{sip_port}", "sip_transports udp",
         f"net_interface {HOST}", f"audio_source aufile,{wav}", "audio_player aubridge,nowhere",
@@ -122,8 +115,22 @@ async def baresip(workdir: Path, wav: Path, rate: int, codec: str,
         *(f"module {name}.so" for name in modules),
         "module_app account.so", "module_app menu.so", "module_app ctrl_tcp.so",
         f"ctrl_tcp_listen {HOST}:{ctrl_port}", f"snd_path {records}", ""]))
-    (config / "accounts").write_text(
-        f"<sip:caller@{HOST}:{sip_port}>;regint=0;audio_codecs={codec}{account_params}\n")
+    (config / "accounts").write_text(f"<sip:{user}@{HOST}:{sip_port}>;regint=0;{account}\n")
+    return sip_port, ctrl_port
+
+
+@asynccontextmanager
+async def baresip(workdir: Path, wav: Path, rate: int, codec: str,
+                  extra_modules: tuple[str, ...] = (),
+                  account_params: str = "") -> AsyncIterator[Baresip]:
+    """baresip with `wav` as its microphone and only `codec` (e.g. "G722/16000/1");
+    `extra_modules` loaded too, `account_params` added to its account (";mediaenc=...")."""
+    binary = require_baresip()
+    config, records = workdir / "baresip", workdir / "records"
+    ctrl_port = write_config(
+        workdir, wav, rate, ["g711", "g722", "l16", "aufile", "aubridge", "sndfile",
+                             *extra_modules],
+        "caller", f"audio_codecs={codec}{account_params}")[1]
     process = await asyncio.create_subprocess_exec(
         binary, "-f", str(config), "-t", "40", stdin=asyncio.subprocess.DEVNULL,
         stdout=(workdir / "baresip.log").open("wb"), stderr=asyncio.subprocess.STDOUT)
@@ -142,13 +149,7 @@ async def baresip(workdir: Path, wav: Path, rate: int, codec: str,
     finally:
         if writer is not None:
             writer.close()
-        if process.returncode is None:
-            process.terminate()
-            try:
-                await asyncio.wait_for(process.wait(), 5)
-            except asyncio.TimeoutError:
-                process.kill()
-                await process.wait()
+        await stop_process(process)
 
 
 async def dtmf_events(sideband: aiohttp.ClientWebSocketResponse, count: int) -> list[str]:

@@ -21,10 +21,15 @@ import numpy as np
 import pytest
 
 from agent.testing.testsignal import make_test_signal, measure_echo
-from tests.sip.helpers import HOST, SipServer, SipServerFactory, free_udp_port
+from tests.sip.helpers import HOST, SipServer, SipServerFactory, stop_process
 from tests.sip.outbound_helpers import dialing_server, place, until_idle, wait_status
-from tests.sip.test_sip_baresip import MODULES, Baresip, read_wav, require_baresip, write_wav
-from tests.support.server_process import free_tcp_port
+from tests.sip.test_sip_baresip import (
+    Baresip,
+    read_wav,
+    require_baresip,
+    write_config,
+    write_wav,
+)
 
 pytestmark = [pytest.mark.interop, pytest.mark.slow]
 
@@ -43,21 +48,9 @@ async def start_baresip(binary: str, workdir: Path, wav: Path
     """One start of baresip on fresh ports: the process, its control socket (None when it
     did not come up) and its SIP port."""
     config, records = workdir / "baresip", workdir / "records"
-    config.mkdir(parents=True, exist_ok=True)
-    records.mkdir(exist_ok=True)
-    sip_port, ctrl_port = free_udp_port(), free_tcp_port()
-    modules = ["g711", "aufile", "aubridge", "sndfile"]
-    (config / "config").write_text("\n".join([
-        "poll_method epoll", f"sip_listen {HOST}:{sip_port}", "sip_transports udp",
-        f"net_interface {HOST}", f"audio_source aufile,{wav}", "audio_player aubridge,nowhere",
-        "audio_alert aubridge,nowhere", f"ausrc_srate {RATE}", f"auplay_srate {RATE}",
-        "ausrc_channels 1", "auplay_channels 1", f"module_path {MODULES}",
-        *(f"module {name}.so" for name in modules),
-        "module_app account.so", "module_app menu.so", "module_app ctrl_tcp.so",
-        f"ctrl_tcp_listen {HOST}:{ctrl_port}", f"snd_path {records}", ""]))
-    (config / "accounts").write_text(
-        f"<sip:phone@{HOST}:{sip_port}>;regint=0;answermode=auto;"
-        "audio_codecs=PCMU/8000/1\n")
+    sip_port, ctrl_port = write_config(workdir, wav, RATE,
+                                       ["g711", "aufile", "aubridge", "sndfile"], "phone",
+                                       "answermode=auto;audio_codecs=PCMU/8000/1")
     with (workdir / "baresip.log").open("wb") as log:
         process = await asyncio.create_subprocess_exec(
             binary, "-f", str(config), "-t", "40", stdin=asyncio.subprocess.DEVNULL,
@@ -74,16 +67,6 @@ async def start_baresip(binary: str, workdir: Path, wav: Path
     return process, None, sip_port
 
 
-async def stop(process: asyncio.subprocess.Process) -> None:
-    if process.returncode is None:
-        process.terminate()
-        try:
-            await asyncio.wait_for(process.wait(), 5)
-        except asyncio.TimeoutError:
-            process.kill()
-            await process.wait()
-
-
 @asynccontextmanager
 async def answering_baresip(workdir: Path, wav: Path) -> AsyncIterator[tuple[Baresip, int]]:
     """baresip answering every call at once in PCMU, `wav` as its microphone; with the
@@ -93,7 +76,7 @@ async def answering_baresip(workdir: Path, wav: Path) -> AsyncIterator[tuple[Bar
         process, phone, sip_port = await start_baresip(binary, workdir, wav)
         if phone is not None:
             break
-        await stop(process)
+        await stop_process(process)
         if "Address already in use" not in (workdir / "baresip.log").read_text(errors="replace"):
             break
     if phone is None:
@@ -103,7 +86,7 @@ async def answering_baresip(workdir: Path, wav: Path) -> AsyncIterator[tuple[Bar
         yield phone, sip_port
     finally:
         phone.writer.close()
-        await stop(process)
+        await stop_process(process)
 
 
 async def send_dtmf(server: SipServer, call_id: str, digits: str) -> None:

@@ -23,6 +23,7 @@ from tests.sip.helpers import (
     RtpProbe,
     SipPeer,
     SipServerFactory,
+    hang_up,
     run_sipp,
     sdp_offer,
 )
@@ -191,12 +192,7 @@ async def test_on_the_wire_a_challenged_invite_retried_with_credentials_is_answe
     # OPTIONS (a probe) is served without credentials; a BYE in the dialog is too.
     peer.send(Dialogue(peer.port, server.sip).request("OPTIONS"), server.sip)
     await peer.response(200, method="OPTIONS")
-    dialogue.cseq += 1
-    peer.send(dialogue.request("BYE"), server.sip)
-    await peer.response(200, method="BYE")
-    await wait_until(server.quiet)
-    peer.close()
-    probe.close()
+    await hang_up(server, peer, dialogue, probe)
 
 
 def auth_scenario(final: str) -> str:

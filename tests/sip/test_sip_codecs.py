@@ -23,8 +23,7 @@ from signaling.sip.sdp import (
     choose_audio,
     parse_sdp,
 )
-from tests.sip.helpers import Dialogue, RtpProbe, SipPeer, SipServer
-from tests.support.agents import wait_until
+from tests.sip.helpers import RtpProbe, SipPeer, SipServer, establish, hang_up
 
 
 def test_g722_codes_16_khz_audio_in_160_bytes_a_packet_with_its_own_state_per_leg() -> None:
@@ -117,14 +116,10 @@ async def test_a_wideband_call_echoes_16_khz_audio(
     payload_type: int,
 ) -> None:
     peer, probe = await SipPeer.open(), await RtpProbe.open()
-    dialogue = Dialogue(peer.port, sip_server.sip)
     body = "\r\n".join(["v=0", "o=peer 1 1 IN IP4 127.0.0.1", "s=-", "c=IN IP4 127.0.0.1",
                         "t=0 0", f"m=audio {probe.port} RTP/AVP {formats}", *extra,
                         "a=rtpmap:101 telephone-event/8000", ""]).encode()
-    invite = dialogue.request("INVITE", body=body)
-    peer.send(invite, sip_server.sip)
-    ok = await peer.response(200)
-    peer.send(dialogue.ack_for(invite, ok), sip_server.sip)
+    dialogue, _, ok = await establish(sip_server, peer, body)
     answer = parse_sdp(ok.body)
     assert isinstance(answer, SessionDescription)
     media = answer.media[0]
@@ -148,9 +143,4 @@ async def test_a_wideband_call_echoes_16_khz_audio(
     print(f"\n{codec.name} echo over SIP: correlation {echo.correlation:.3f}, "
           f"lag {echo.lag_seconds:.3f} s")
     assert echo.correlation >= 0.85, echo  # 0.92-1.0 measured; a loaded machine costs some
-    dialogue.cseq += 1
-    peer.send(dialogue.request("BYE"), sip_server.sip)
-    await peer.response(200, method="BYE")
-    await wait_until(sip_server.quiet)
-    peer.close()
-    probe.close()
+    await hang_up(sip_server, peer, dialogue, probe)

@@ -38,6 +38,8 @@ from tests.sip.helpers import (
     SipServer,
     SipServerFactory,
     TcpSipPeer,
+    establish,
+    hang_up,
     run_sipp,
     sdp_offer,
     write_mulaw_wav,
@@ -157,11 +159,7 @@ async def test_an_invite_flood_gets_503_with_retry_after_then_silence(
     assert retry == {"1"}  # 5 tokens a second: the next in under a second
     # Another address is not affected; the flooder is again once a token has come back.
     peer, probe = await SipPeer.open(), await RtpProbe.open()
-    call = Dialogue(peer.port, server.sip)
-    invite = call.request("INVITE", body=sdp_offer(probe.port))
-    peer.send(invite, server.sip)
-    ok = await peer.response(200)
-    peer.send(call.ack_for(invite, ok), server.sip)
+    call, _, _ = await establish(server, peer, sdp_offer(probe.port))
     clock.advance(0.2)
     flooder.send(flood_invite(99, flooder.port, 4000), server.sip)
     assert (await flooder.response(488)).status == 488
@@ -244,12 +242,7 @@ async def test_spoofed_bye_reinvite_and_cancel_get_403_and_the_call_goes_on(
         async with http.get(server.url + "/health") as reply:
             sip = (await reply.json())["sip"]
     assert sip["spoofed_in_dialog"] == 3 and sip["dialogs"] == 1 and sip["legs"] == 1
-    dialogue.cseq += 1
-    peer.send(dialogue.request("BYE"), server.sip)  # the real caller still can
-    await peer.response(200, method="BYE")
-    await wait_until(server.quiet)
-    for closing in (peer, probe, spoofer):
-        closing.close()
+    await hang_up(server, peer, dialogue, probe, spoofer)  # the real caller still can
 
 
 async def test_in_dialog_requests_through_the_proxy_or_from_the_contact_are_taken(

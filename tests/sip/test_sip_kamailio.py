@@ -28,7 +28,9 @@ from tests.sip.helpers import (
     SipServer,
     SipServerFactory,
     free_udp_port,
+    missing,
     run_sipp,
+    stop_process,
 )
 from tests.support.agents import wait_until
 
@@ -44,10 +46,7 @@ def require_kamailio() -> str:
                                          if Path("/usr/sbin/kamailio").exists() else None)
     if path is not None:
         return path
-    message = "kamailio is missing (apt-get install kamailio; scripts/install-test-deps.sh)"
-    if os.environ.get("CI"):
-        pytest.fail(message + " under CI", pytrace=False)
-    pytest.skip(message)
+    missing("kamailio is missing (apt-get install kamailio; scripts/install-test-deps.sh)")
 
 
 @asynccontextmanager
@@ -83,13 +82,7 @@ async def kamailio(workdir: Path, nodes: list[SipServer]) -> AsyncIterator[tuple
         assert process.returncode is None, (workdir / "kamailio.log").read_text()
         yield HOST, port
     finally:
-        if process.returncode is None:
-            process.terminate()
-            try:
-                await asyncio.wait_for(process.wait(), 5)
-            except asyncio.TimeoutError:
-                process.kill()
-                await process.wait()
+        await stop_process(process)
         log.close()
 
 

@@ -29,12 +29,14 @@ from tests.sip.helpers import (
     SipPeer,
     SipServer,
     SipServerFactory,
+    establish,
     free_udp_port,
     sdp_offer,
     write_mulaw_wav,
 )
 from tests.sip.outbound_helpers import (
     TRUNKS,
+    answered_call,
     dialing_server,
     get_call,
     place,
@@ -433,18 +435,15 @@ async def test_a_ringing_call_is_a_realtime_call_and_delete_cancels_it(
 
 async def test_an_answered_outbound_call_and_its_hangup_route(dialing: SipServer,
                                                               tmp_path: Path) -> None:
-    uas, port = await sipp_uas(tmp_path, uas_scenarios.answer_then_hangup_from_agent(),
-                               "-mp", str(free_udp_port()), "-rtp_echo")
-    _, body, _ = await place(dialing, {"to": sip_to(port)})
-    await wait_status(dialing, body["id"], "answered")
-    status, call = await realtime_call(dialing, body["id"])
+    uas, _, call_id = await answered_call(dialing, tmp_path)
+    status, call = await realtime_call(dialing, call_id)
     assert status == 200, call
     assert (call["status"], call["transport"], call["state"]) == ("active", "sip", "answered")
     assert call["sip_status"] == 200 and call["direction"] == "outbound"
     assert "SIPpTag01" in call["remote_party"] and call["stats"]["codec"] == "PCMU"
-    status, _ = await realtime_call(dialing, body["id"], "POST", "/hangup")
+    status, _ = await realtime_call(dialing, call_id, "POST", "/hangup")
     assert status == 200
-    assert (await wait_status(dialing, body["id"], "ended"))["reason"] == "hangup"
+    assert (await wait_status(dialing, call_id, "ended"))["reason"] == "hangup"
     assert (await uas).returncode == 0
     await until_idle(dialing)
 
@@ -453,11 +452,7 @@ async def test_inbound_sip_calls_rtp_and_media_stream_legs_are_realtime_calls(
         dialing: SipServer) -> None:
     peer, probe = await SipPeer.open(), await RtpProbe.open()
     try:
-        dialogue = Dialogue(peer.port, dialing.sip)
-        invite = dialogue.request("INVITE", body=sdp_offer(probe.port))
-        peer.send(invite, dialing.sip)
-        ok = await peer.response(200)
-        peer.send(dialogue.ack_for(invite, ok), dialing.sip)
+        dialogue, _, _ = await establish(dialing, peer, sdp_offer(probe.port))
         (leg,) = list(dialing.agent.legs)
         status, call = await realtime_call(dialing, leg.id)
         assert status == 200, call
@@ -588,13 +583,10 @@ async def test_the_far_end_holds_and_resumes_an_outbound_call(dialing: SipServer
 
 async def test_a_spoofed_bye_for_an_outbound_call_gets_403(dialing: SipServer,
                                                            tmp_path: Path) -> None:
-    uas, port = await sipp_uas(tmp_path, uas_scenarios.answer_then_hangup_from_agent(),
-                               "-mp", str(free_udp_port()), "-rtp_echo")
-    _, body, _ = await place(dialing, {"to": sip_to(port)})
-    await wait_status(dialing, body["id"], "answered")
+    uas, port, call_id = await answered_call(dialing, tmp_path)
     dialer = dialing.server.app[SIP_SERVICE_KEY].dialer
     assert dialer is not None
-    dialog = dialer.live[body["id"]].dialog
+    dialog = dialer.live[call_id].dialog
     assert dialog is not None
     spoofer = await peer_at("127.0.0.2")  # not the callee's (or a proxy's) address
     try:
@@ -611,11 +603,11 @@ async def test_a_spoofed_bye_for_an_outbound_call_gets_403(dialing: SipServer,
     finally:
         spoofer.close()
     assert dialing.ua.counters["spoofed_in_dialog"] == 1
-    assert (await get_call(dialing, body["id"]))["status"] == "answered"  # it goes on
+    assert (await get_call(dialing, call_id))["status"] == "answered"  # it goes on
     async with aiohttp.ClientSession() as http, http.delete(
-            f"{dialing.url}/v1/sip/calls/{body['id']}") as response:
+            f"{dialing.url}/v1/sip/calls/{call_id}") as response:
         assert response.status == 200
-    assert (await wait_status(dialing, body["id"], "ended"))["reason"] == "hangup"
+    assert (await wait_status(dialing, call_id, "ended"))["reason"] == "hangup"
     assert (await uas).returncode == 0
     await until_idle(dialing)
 

@@ -118,22 +118,10 @@ def inbound_call_transferred(sipfrag: str) -> str:
   </send>
   <recv response="200"/>
 """
-    accepted = """  <send>
-    <![CDATA[
-      SIP/2.0 202 Accepted
-      [last_Via:]
-      [last_From:]
-      [last_To:]
-      [last_Call-ID:]
-      [last_CSeq:]
-      Content-Length: 0
-
-    ]]>
-  </send>
-"""
+    accepted = scenarios.reply("202 Accepted")
     if sipfrag.startswith("SIP/2.0 2"):
         ending = ('  <recv request="BYE" timeout="15000"/>\n'
-                  + accepted.replace("202 Accepted", "200 OK"))
+                  + scenarios.reply("200 OK"))
     else:
         ending = '  <pause milliseconds="300"/>\n' + scenarios.hang_up(3)
     return scenarios.scenario("inbound transfer", scenarios.establish("[media_port]")

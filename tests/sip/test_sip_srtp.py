@@ -24,7 +24,16 @@ from agent.testing.testsignal import make_test_signal, measure_echo
 from signaling.sip import sdes
 from signaling.sip.config import SipConfig
 from signaling.sip.sdp import AudioChoice, SdpError, SessionDescription, choose_audio, parse_sdp
-from tests.sip.helpers import Dialogue, RtpProbe, SipPeer, SipServer, SipServerFactory, sdp_offer
+from tests.sip.helpers import (
+    Dialogue,
+    RtpProbe,
+    SipPeer,
+    SipServer,
+    SipServerFactory,
+    establish,
+    hang_up,
+    sdp_offer,
+)
 from tests.sip.test_sip_baresip import SECONDS, baresip, read_wav, require_baresip, write_wav
 from tests.support.agents import wait_until
 
@@ -158,12 +167,9 @@ async def test_an_srtp_caller_hears_its_echo_and_a_tampered_packet_is_dropped(
     sip_server: SipServer,
 ) -> None:
     peer, probe = await SipPeer.open(), cast(SrtpProbe, await SrtpProbe.open())
-    dialogue = Dialogue(peer.port, sip_server.sip)
     caller_key = sdes.new_key()
-    invite = dialogue.request("INVITE", body=savp_offer(probe.port, crypto(3, key=caller_key)))
-    peer.send(invite, sip_server.sip)
-    ok = await peer.response(200)
-    peer.send(dialogue.ack_for(invite, ok), sip_server.sip)
+    dialogue, _, ok = await establish(
+        sip_server, peer, savp_offer(probe.port, crypto(3, key=caller_key)))
     assert b"m=audio " in ok.body and b" RTP/SAVP 0 101\r\n" in ok.body
     agent_crypto = answered_crypto(ok.body)
     assert (agent_crypto.tag, agent_crypto.suite) == (3, SUITE_80)
@@ -205,23 +211,14 @@ async def test_an_srtp_caller_hears_its_echo_and_a_tampered_packet_is_dropped(
     print(f"\nSRTP echo over SIP: correlation {echo.correlation:.3f}, "
           f"lag {echo.lag_seconds:.3f} s")
     assert echo.correlation >= 0.9, echo
-    dialogue.cseq += 1
-    peer.send(dialogue.request("BYE"), sip_server.sip)
-    await peer.response(200, method="BYE")
-    await wait_until(sip_server.quiet)
-    peer.close()
-    probe.close()
+    await hang_up(sip_server, peer, dialogue, probe)
 
 
 async def test_the_32_bit_tag_suite_is_answered_in_kind(sip_server: SipServer) -> None:
     peer, probe = await SipPeer.open(), cast(SrtpProbe, await SrtpProbe.open())
-    dialogue = Dialogue(peer.port, sip_server.sip)
     caller_key = sdes.new_key()
-    invite = dialogue.request("INVITE", body=savp_offer(
+    dialogue, _, ok = await establish(sip_server, peer, savp_offer(
         probe.port, crypto(1, "AES_256_CM_HMAC_SHA1_80"), crypto(2, SUITE_32, caller_key)))
-    peer.send(invite, sip_server.sip)
-    ok = await peer.response(200)
-    peer.send(dialogue.ack_for(invite, ok), sip_server.sip)
     agent_crypto = answered_crypto(ok.body)
     assert (agent_crypto.tag, agent_crypto.suite) == (2, SUITE_32)
     answer = parse_sdp(ok.body)
@@ -238,12 +235,7 @@ async def test_the_32_bit_tag_suite_is_answered_in_kind(sip_server: SipServer) -
     assert len(opener.unprotect(packet)) == len(packet) - 4  # the 32-bit tag
     (leg,) = list(sip_server.agent.legs)
     assert leg.stats()["srtp"]["suite"] == SUITE_32
-    dialogue.cseq += 1
-    peer.send(dialogue.request("BYE"), sip_server.sip)
-    await peer.response(200, method="BYE")
-    await wait_until(sip_server.quiet)
-    peer.close()
-    probe.close()
+    await hang_up(sip_server, peer, dialogue, probe)
 
 
 @pytest.mark.parametrize("mode, proto, lines, expected", [

@@ -5,17 +5,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import datetime
-import ipaddress
 import ssl
 from pathlib import Path
 
 import aiohttp
 import pytest
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
 
 from signaling.sip.config import SipConfig, parse_listen
 from signaling.sip.message import SipRequest, SipResponse
@@ -31,32 +25,13 @@ from tests.sip.helpers import (
 )
 from tests.sip.test_sip_ua import reply_to
 from tests.support.agents import wait_until
-
-
-def make_certificate(folder: Path) -> tuple[Path, Path]:
-    """A self-signed certificate for 127.0.0.1 (an IP SAN, which TLS clients verify)."""
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "sip test")])
-    now = datetime.datetime.now(datetime.timezone.utc)
-    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name)
-            .public_key(key.public_key()).serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(minutes=5))
-            .not_valid_after(now + datetime.timedelta(days=1))
-            .add_extension(x509.SubjectAlternativeName(
-                [x509.IPAddress(ipaddress.ip_address(HOST))]), critical=False)
-            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-            .sign(key, hashes.SHA256()))
-    cert_path, key_path = folder / "sip.crt", folder / "sip.key"
-    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM,
-                                           serialization.PrivateFormat.PKCS8,
-                                           serialization.NoEncryption()))
-    return cert_path, key_path
+from tests.support.tls import self_signed
 
 
 @pytest.fixture
 def certificate(tmp_path: Path) -> tuple[Path, Path]:
-    return make_certificate(tmp_path)
+    """A self-signed certificate for 127.0.0.1 (an IP SAN, which TLS clients verify)."""
+    return self_signed(tmp_path)
 
 
 async def tls_peer(server: SipServer, cert: Path) -> TcpSipPeer:
@@ -78,13 +53,7 @@ async def test_a_call_over_tls_and_the_agents_bye_on_the_same_connection(
     dialogue = Dialogue(connection.port, (HOST, server.ua.port_for("TLS")), transport="TLS")
     invite = dialogue.request("INVITE", body=sdp_offer(probe.port))
     connection.send(invite)
-    statuses = []
-    while True:
-        message = await connection.next()
-        assert isinstance(message, SipResponse), message
-        statuses.append(message.status)
-        if message.status == 200:
-            break
+    statuses, message = await connection.until_final()
     assert statuses == [100, 180, 200]
     contact = message.headers.get("contact") or ""
     assert contact.endswith(f":{server.ua.port_for('TLS')};transport=tls>"), contact

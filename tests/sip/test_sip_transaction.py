@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
+
 from signaling.sip.message import Headers, SipRequest, SipResponse, parse_message
-from signaling.sip.timers import ManualTimers, TimerSettings
+from signaling.sip.timers import ManualTimers, TimerHandle, TimerSettings
 from signaling.sip.transaction import (
     ACCEPTED,
     COMPLETED,
@@ -16,6 +18,7 @@ from signaling.sip.transaction import (
     NonInviteClientTransaction,
     NonInviteServerTransaction,
     TransactionLayer,
+    retransmit_2xx,
     server_key,
 )
 
@@ -250,3 +253,48 @@ def test_the_layer_matches_retransmissions_acks_cancels_and_responses() -> None:
     tx.respond(response(invite, 603))
     layer.close()
     assert layer.stats() == {"server": 0, "client": 0} and timers.pending == 0
+
+
+async def test_final_status_passes_over_provisionals_and_reads_a_timeout_as_408() -> None:
+    timers = ManualTimers()
+    layer = TransactionLayer(timers, T)
+    bye = request("BYE", branch="z9hG4bKfinal")
+    waiting = asyncio.ensure_future(layer.final_status(bye, Wire(timers), False))
+    await asyncio.sleep(0)
+    assert layer.receive_response(response(bye, 100))
+    await asyncio.sleep(0)
+    assert not waiting.done()
+    assert layer.receive_response(response(bye, 486))
+    assert await waiting == 486
+    lost = asyncio.ensure_future(layer.final_status(request("BYE", branch="z9hG4bKlost"),
+                                                    Wire(timers), False))
+    await asyncio.sleep(0)
+    timers.advance(32.1)  # Timer F
+    assert await lost == 408
+    layer.close()
+
+
+def test_retransmit_2xx_doubles_to_t2_until_the_ack_then_stops() -> None:
+    timers = ManualTimers()
+    wire = Wire(timers)
+    handles: dict[str, TimerHandle] = {}
+    acked = False
+    retransmit_2xx(timers, T, wire, b"SIP/2.0 200 OK\r\n\r\n", lambda: not acked, handles)
+    timers.advance(15.6)
+    assert wire.times() == [0.5, 1.5, 3.5, 7.5, 11.5, 15.5]  # 0.5, 1, 2, 4, then T2
+    acked = True
+    timers.advance(10.0)
+    assert len(wire.sent) == 6 and timers.pending == 0 and "2xx" in handles
+
+
+def test_retransmit_2xx_stops_when_the_flow_cannot_send() -> None:
+    timers = ManualTimers()
+    sent: list[bytes] = []
+
+    def broken(data: bytes) -> None:
+        sent.append(data)
+        raise ConnectionError("gone")
+
+    retransmit_2xx(timers, T, broken, b"x", lambda: True, {})
+    timers.advance(60.0)
+    assert sent == [b"x"] and timers.pending == 0

@@ -24,6 +24,8 @@ from tests.sip.helpers import (
     SipServer,
     SipServerFactory,
     TcpSipPeer,
+    establish,
+    hang_up,
     sdp_offer,
 )
 from tests.support.agents import wait_until
@@ -38,15 +40,6 @@ def answer_of(response: SipResponse) -> tuple[int, list[str], str]:
     media = sdp.media[0]
     return media.port, media.formats, sdp.direction_of(media)
 
-
-async def establish(server: SipServer, peer: SipPeer, probe: RtpProbe,
-                    formats: str = "0 101") -> tuple[Dialogue, SipRequest, SipResponse]:
-    dialogue = Dialogue(peer.port, server.sip)
-    invite = dialogue.request("INVITE", body=sdp_offer(probe.port, formats))
-    peer.send(invite, server.sip)
-    ok = await peer.response(200)
-    peer.send(dialogue.ack_for(invite, ok), server.sip)
-    return dialogue, invite, ok
 
 
 async def test_invite_is_answered_with_pcmu_and_telephone_event_then_bye_frees_it(
@@ -82,21 +75,16 @@ async def test_invite_is_answered_with_pcmu_and_telephone_event_then_bye_frees_i
                    ("127.0.0.1", port))
     await wait_until(lambda: any(event["type"] == "input_audio_buffer.dtmf_event_received"
                                  for event in leg.events))
-    dialogue.cseq += 1
-    peer.send(dialogue.request("BYE"), sip_server.sip)
-    bye_ok = await peer.response(200, method="BYE")
+    bye_ok = await hang_up(sip_server, peer, dialogue, probe)
     assert bye_ok.to_addr.tag == ok.to_addr.tag
-    await wait_until(sip_server.quiet)
     assert sip_server.ua.counters["remote_hangups"] == 1
-    peer.close()
-    probe.close()
 
 
 async def test_pcma_when_the_caller_prefers_it_and_488_without_a_usable_codec(
     sip_server: SipServer,
 ) -> None:
     peer, probe = await SipPeer.open(), await RtpProbe.open()
-    _, _, ok = await establish(sip_server, peer, probe, formats="8 0")
+    _, _, ok = await establish(sip_server, peer, sdp_offer(probe.port, "8 0"))
     assert answer_of(ok)[1] == ["8"]
     refused = Dialogue(peer.port, sip_server.sip)
     peer.send(refused.request("INVITE", body=sdp_offer(probe.port, "18 3")), sip_server.sip)
@@ -256,7 +244,7 @@ async def test_options_is_200_while_serving_and_503_when_draining_or_full(
     options = await peer.response(200)
     assert options.headers.get("accept") == "application/sdp"
     assert "BYE" in (options.headers.get("allow") or "")
-    await establish(server, peer, probe)
+    await establish(server, peer, sdp_offer(probe.port))
     peer.send(Dialogue(peer.port, server.sip).request("OPTIONS"), server.sip)
     full = await peer.response()
     assert (full.status, full.reason) == (503, "Server Full")
@@ -274,7 +262,7 @@ async def test_options_is_200_while_serving_and_503_when_draining_or_full(
 
 async def test_reinvite_holds_and_resumes_and_moves_the_media(sip_server: SipServer) -> None:
     peer, probe, moved = await SipPeer.open(), await RtpProbe.open(), await RtpProbe.open()
-    dialogue, _, ok = await establish(sip_server, peer, probe)
+    dialogue, _, ok = await establish(sip_server, peer, sdp_offer(probe.port))
     await wait_until(lambda: len(probe.packets) >= 3)
 
     async def reinvite(port: int, direction: str | None) -> SipResponse:
@@ -421,13 +409,7 @@ async def test_a_call_over_tcp_and_oversized_messages(sip_server: SipServer) -> 
     invite = dialogue.request("INVITE", body=sdp_offer(probe.port))
     connection.send(b"\r\n\r\n")  # an RFC 5626 keep-alive first
     connection.send(invite)
-    statuses = []
-    while True:
-        message = await connection.next()
-        assert isinstance(message, SipResponse), message
-        statuses.append(message.status)
-        if message.status == 200:
-            break
+    statuses, message = await connection.until_final()
     assert statuses == [100, 180, 200]
     assert (message.headers.get("contact") or "").endswith(";transport=tcp>")
     connection.send(dialogue.ack_for(invite, message))
@@ -450,7 +432,7 @@ async def test_a_call_over_tcp_and_oversized_messages(sip_server: SipServer) -> 
 async def test_drain_ends_sip_calls_with_a_bye(start_sip: SipServerFactory) -> None:
     server = await start_sip(drain_seconds=0.3)
     peer, probe = await SipPeer.open(), await RtpProbe.open()
-    dialogue, _, _ = await establish(server, peer, probe)
+    dialogue, _, _ = await establish(server, peer, sdp_offer(probe.port))
     async with aiohttp.ClientSession() as http, http.post(server.url + "/admin/drain") as reply:
         assert reply.status == 202
     peer.send(Dialogue(peer.port, server.sip).request("INVITE", body=sdp_offer(probe.port)),

@@ -15,7 +15,16 @@ from signaling.sip import sdes
 from signaling.sip.config import SipConfig
 from signaling.sip.message import SipRequest, SipResponse
 from signaling.sip.sdp import SessionDescription, parse_sdp
-from tests.sip.helpers import Dialogue, RtpProbe, SipPeer, SipServer, SipServerFactory, sdp_offer
+from tests.sip.helpers import (
+    Dialogue,
+    RtpProbe,
+    SipPeer,
+    SipServer,
+    SipServerFactory,
+    establish,
+    hang_up,
+    sdp_offer,
+)
 from tests.sip.test_sip_ua import reply_to
 from tests.support.agents import wait_until
 
@@ -54,12 +63,7 @@ async def test_a_late_offer_is_made_in_the_200_and_its_answer_taken_from_the_ack
     (leg,) = list(sip_server.agent.legs)
     assert leg.stats()["remote"] == f"127.0.0.1:{probe.port}"
     assert sip_server.ua.counters["late_answers"] == 1
-    dialogue.cseq += 1
-    peer.send(dialogue.request("BYE"), sip_server.sip)
-    await peer.response(200, method="BYE")
-    await wait_until(sip_server.quiet)
-    peer.close()
-    probe.close()
+    await hang_up(sip_server, peer, dialogue, probe)
 
 
 async def test_an_ack_without_a_usable_answer_ends_the_call_with_a_bye(
@@ -107,12 +111,7 @@ async def test_a_late_offer_under_require_is_srtp_and_the_answer_key_opens_the_l
             payload=b"\xff" * 160).serialize()), ("127.0.0.1", port))
     await wait_until(lambda: leg.stats()["srtp"]["unprotected"] == 5)
     assert leg.stats()["srtp"]["unprotect_failures"] == 0
-    dialogue.cseq += 1
-    peer.send(dialogue.request("BYE"), server.sip)
-    await peer.response(200, method="BYE")
-    await wait_until(server.quiet)
-    peer.close()
-    probe.close()
+    await hang_up(server, peer, dialogue, probe)
 
 
 async def test_update_holds_resumes_moves_and_refreshes(sip_server: SipServer) -> None:
@@ -155,12 +154,7 @@ async def test_update_holds_resumes_moves_and_refreshes(sip_server: SipServer) -
     stranger = Dialogue(peer.port, sip_server.sip, to_tag="nosuch")
     peer.send(stranger.request("UPDATE", body=sdp_offer(moved.port)), sip_server.sip)
     await peer.response(481, method="UPDATE")
-    dialogue.cseq += 1
-    peer.send(dialogue.request("BYE"), sip_server.sip)
-    await peer.response(200, method="BYE")
-    await wait_until(sip_server.quiet)
-    for closing in (peer, probe, moved):
-        closing.close()
+    await hang_up(sip_server, peer, dialogue, probe, moved)
 
 
 async def test_update_while_ringing_or_awaiting_an_answer_is_491(
@@ -184,23 +178,14 @@ async def test_update_while_ringing_or_awaiting_an_answer_is_491(
               server.sip)
     await wait_until(lambda: server.ua.counters["late_answers"] == 1)
     assert media_of(ok)[3] == "sendrecv"
-    dialogue.cseq += 1
-    peer.send(dialogue.request("BYE"), server.sip)
-    await peer.response(200, method="BYE")
-    await wait_until(server.quiet)
-    peer.close()
-    probe.close()
+    await hang_up(server, peer, dialogue, probe)
 
 
 async def test_an_offerless_reinvite_gets_our_offer_and_the_ack_moves_the_media(
     sip_server: SipServer,
 ) -> None:
     peer, probe, moved = await SipPeer.open(), await RtpProbe.open(), await RtpProbe.open()
-    dialogue = Dialogue(peer.port, sip_server.sip)
-    invite = dialogue.request("INVITE", body=sdp_offer(probe.port))
-    peer.send(invite, sip_server.sip)
-    ok = await peer.response(200)
-    peer.send(dialogue.ack_for(invite, ok), sip_server.sip)
+    dialogue, _, _ = await establish(sip_server, peer, sdp_offer(probe.port))
     dialogue.cseq += 1
     reinvite = dialogue.request("INVITE")
     peer.send(reinvite, sip_server.sip)
@@ -210,12 +195,7 @@ async def test_an_offerless_reinvite_gets_our_offer_and_the_ack_moves_the_media(
               sip_server.sip)
     await wait_until(lambda: len(moved.packets) >= 5)
     assert sip_server.ua.counters["late_answers"] == 1
-    dialogue.cseq += 1
-    peer.send(dialogue.request("BYE"), sip_server.sip)
-    await peer.response(200, method="BYE")
-    await wait_until(sip_server.quiet)
-    for closing in (peer, probe, moved):
-        closing.close()
+    await hang_up(sip_server, peer, dialogue, probe, moved)
 
 
 async def test_options_lists_update(sip_server: SipServer) -> None:

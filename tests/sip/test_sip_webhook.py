@@ -33,6 +33,8 @@ from tests.sip.helpers import (
     SipPeer,
     SipServer,
     SipServerFactory,
+    establish,
+    hang_up,
     run_sipp,
     sdp_offer,
     write_mulaw_wav,
@@ -352,11 +354,7 @@ async def test_dtmf_on_a_sip_call(sip_server: SipServer) -> None:
     """Auto-accepted call from a hand-made UAC; the digits go out on the SDP's 101."""
     probe = await RtpProbe.open()
     peer = await SipPeer.open()
-    dialogue = Dialogue(peer.port, sip_server.sip)
-    invite = dialogue.request("INVITE", body=sdp_offer(probe.port))
-    peer.send(invite, sip_server.sip)
-    ok = await peer.response(200)
-    peer.send(dialogue.ack_for(invite, ok), sip_server.sip)
+    dialogue, _, _ = await establish(sip_server, peer, sdp_offer(probe.port))
     (leg,) = list(sip_server.agent.legs)
     status, reply = await post(f"{sip_server.url}/v1/realtime/calls/{leg.id}/dtmf",
                                {"digits": "9"})
@@ -365,11 +363,7 @@ async def test_dtmf_on_a_sip_call(sip_server: SipServer) -> None:
     await asyncio.sleep(0.1)
     events = [p for p in probe.packets if p.payload_type == 101]
     assert [parse_telephone_event(p.payload).digit for p in events[:1]] == ["9"]  # type: ignore[union-attr]
-    peer.send(dialogue.request("BYE", cseq=2), sip_server.sip)
-    await peer.response(200, method="BYE")
-    await wait_until(sip_server.quiet)
-    peer.close()
-    probe.close()
+    await hang_up(sip_server, peer, dialogue, probe)
 
 
 def test_secret_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
