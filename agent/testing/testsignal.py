@@ -67,6 +67,13 @@ def _normalized(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.sum(a * b) / denom) if denom > 0 else 0.0
 
 
+def coarse_lag(s: np.ndarray, r: np.ndarray, max_lag: int) -> int:
+    """The lag (0..max_lag samples) at which `r` best matches `s`: FFT cross-correlation."""
+    size = 1 << int(np.ceil(np.log2(len(s) + len(r))))
+    xcorr = np.fft.irfft(np.fft.rfft(r, size) * np.conj(np.fft.rfft(s, size)), size)
+    return int(np.argmax(xcorr[: max_lag + 1]))
+
+
 def measure_echo(sent: np.ndarray, received: np.ndarray, sample_rate: int,
                  max_lag_seconds: float = 2.0, skip_seconds: float = 1.0) -> EchoMeasurement:
     """Find the echo's delay, then score how faithfully each 250 ms of it came back.
@@ -81,10 +88,7 @@ def measure_echo(sent: np.ndarray, received: np.ndarray, sample_rate: int,
     factor = max(1, sample_rate // rate)
     s = decimate(sent, sample_rate)
     r = decimate(received, sample_rate)
-    size = 1 << int(np.ceil(np.log2(len(s) + len(r))))
-    xcorr = np.fft.irfft(np.fft.rfft(r, size) * np.conj(np.fft.rfft(s, size)), size)
-    max_lag = min(int(max_lag_seconds * rate), len(r) - 1)
-    coarse = int(np.argmax(xcorr[: max_lag + 1])) * factor
+    coarse = coarse_lag(s, r, min(int(max_lag_seconds * rate), len(r) - 1)) * factor
     # Refine to a full-rate sample, then shift `received` so the lag is a whole number of
     # analysis samples: a fractional-sample misalignment at 8 kHz would cost correlation at
     # the top of the band that the path did not lose.

@@ -21,14 +21,13 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-import av
 import numpy as np
 
 from agent.cli_errors import CliError, exit_with_error
 from agent.testing.peer.recording import PEER_RATE
 from agent.testing.peer.report import CallReport, CheckResult, RunReport
 from agent.testing.peer.transports.base import TRANSPORTS, PeerOptions
-from agent.testing.peer.wav import load_wav
+from agent.testing.peer.wav import read_audio_file
 
 TAIL_SECONDS = 1.0  # after a --play file ends, long enough to hear its end come back
 
@@ -86,16 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def read_play_file(path: str) -> np.ndarray:
-    try:
-        signal = load_wav(path)
-    except FileNotFoundError:
-        raise CliError("play_not_found", f"--play {path}: no such file") from None
-    except (OSError, av.error.FFmpegError, ValueError) as exc:
-        reason = getattr(exc, "strerror", None) or "not a readable audio file"
-        raise CliError("play_unreadable", f"--play {path}: {reason}") from None
-    if len(signal) == 0:
-        raise CliError("play_empty", f"--play {path}: no audio in the file")
-    return signal
+    return read_audio_file(path, f"--play {path}", "play")
 
 
 def check_output_path(flag: str, path: str) -> None:

@@ -3,11 +3,12 @@ load test's callers.
 
 The measurement is the one `agent.testing.testsignal.measure_echo` makes (its
 `EchoMeasurement`, plus the mean score of the windows that came back): the overall lag by
-FFT cross-correlation at 8 kHz, refined to the full-rate sample, then every 250 ms window of
-what came back scored at its own best lag near the overall one (a path that drops or inserts
-a frame is scored on what it played, and the spread of the window lags shows the shift). It
-is written again here, rather than called, because the peer pays for it after every call of
-a load test and two parts of it dominated the peer's own CPU per call:
+FFT cross-correlation at 8 kHz (`coarse_lag`, shared with it), refined to the full-rate
+sample, then every 250 ms window of what came back scored at its own best lag near the
+overall one (a path that drops or inserts a frame is scored on what it played, and the spread
+of the window lags shows the shift). The rest is written again here, rather than called,
+because the peer pays for it after every call of a load test and two parts of it dominated
+the peer's own CPU per call:
 
 - the 48 → 8 kHz decimation was an FFT over the whole call, whose length (any number of
   20 ms pieces) often has a large prime factor; here it is a zero-phase FIR evaluated at the
@@ -31,7 +32,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from agent.testing.peer.downsample import downsample
-from agent.testing.testsignal import ANALYSIS_RATE, TRACK_SECONDS, WINDOW_SECONDS, EchoMeasurement
+from agent.testing.testsignal import (
+    ANALYSIS_RATE,
+    TRACK_SECONDS,
+    WINDOW_SECONDS,
+    EchoMeasurement,
+    coarse_lag,
+)
 
 TRACKED = 0.9  # a window scoring this at the tracked lag needs no search
 HOLE = 0.5  # a window scoring below this did not come back recognisably
@@ -50,12 +57,6 @@ def to_analysis_rate(samples: np.ndarray, rate: int) -> np.ndarray:
 def _score(a: np.ndarray, b: np.ndarray) -> float:
     denom = float(np.sqrt(np.dot(a, a) * np.dot(b, b)))
     return float(np.dot(a, b)) / denom if denom > 0 else 0.0
-
-
-def _coarse_lag(s: np.ndarray, r: np.ndarray, max_lag: int) -> int:
-    size = 1 << int(np.ceil(np.log2(len(s) + len(r))))
-    xcorr = np.fft.irfft(np.fft.rfft(r, size) * np.conj(np.fft.rfft(s, size)), size)
-    return int(np.argmax(xcorr[: max_lag + 1]))
 
 
 def _tracked(s: np.ndarray, piece: np.ndarray, start: int, guess: int, overall: int,
@@ -85,7 +86,7 @@ def measure(sent: np.ndarray, received: np.ndarray, sample_rate: int,
     factor = max(1, sample_rate // rate)
     s = to_analysis_rate(sent, sample_rate)
     r = to_analysis_rate(received, sample_rate)
-    coarse = _coarse_lag(s, r, min(int(max_lag_seconds * rate), len(r) - 1)) * factor
+    coarse = coarse_lag(s, r, min(int(max_lag_seconds * rate), len(r) - 1)) * factor
     # Refine to a full-rate sample, then shift `received` so the lag is a whole number of
     # analysis samples (a fractional-sample misalignment at 8 kHz would cost correlation at
     # the top of the band that the path did not lose).

@@ -18,14 +18,13 @@ from functools import lru_cache
 from importlib import resources
 from typing import Any
 
-import av
 import jsonschema
 import numpy as np
 import yaml
 
 from agent.cli_errors import CliError
 from agent.testing.peer.recording import PEER_RATE
-from agent.testing.peer.wav import load_wav
+from agent.testing.peer.wav import load_wav, read_audio_file
 
 STEP_NAMES = ("play", "say", "expect_speech", "barge_in", "dtmf", "session_update",
               "expect_event", "expect_transcript", "silence", "hangup", "expect_hangup")
@@ -119,16 +118,7 @@ def validate(data: Any, where: str) -> None:
 
 
 def read_audio(path: str, where: str) -> np.ndarray:
-    try:
-        samples = load_wav(path)
-    except FileNotFoundError:
-        raise CliError("wav_not_found", f"{where}: {path}: no such file") from None
-    except (OSError, av.error.FFmpegError, ValueError) as exc:
-        reason = getattr(exc, "strerror", None) or "not a readable audio file"
-        raise CliError("wav_unreadable", f"{where}: {path}: {reason}") from None
-    if len(samples) == 0:
-        raise CliError("wav_empty", f"{where}: {path}: no audio in the file")
-    return samples
+    return read_audio_file(path, f"{where}: {path}", "wav")
 
 
 def speak(text: str, where: str, rate: int = PEER_RATE) -> np.ndarray:

@@ -1,11 +1,13 @@
 """The transport contract of the headless peer: one `PeerCall` per call, whatever the wire.
 
 A transport module (webrtc, realtime, media_stream, rtp, sip) subclasses `PeerCall` and
-implements `connect`, the sending of paced audio and its own end of the call; the shared
-machinery is here: the playback queue (`play` queues audio after what is queued; a paced
-sender takes 20 ms at a time and gets silence when the queue is empty), the two recordings
-(`sent`, `received`, both on the call's t0 timeline), the events with their times, and
-`wait_event`. Errors are data: `PeerError(code, message)`.
+implements `connect`, the sending of paced audio and its own end of the call (`end_remote`,
+`close` after `begin_close`); the shared machinery is here: the hang-up and close sequence,
+the bearer header and HTTP client, events over the sideband, the playback queue (`play`
+queues audio after what is queued; a paced sender takes 20 ms at a time and gets silence
+when the queue is empty), the two recordings (`sent`, `received`, both on the call's t0
+timeline), the events with their times, and `wait_event`. Errors are data:
+`PeerError(code, message)`.
 
 `open_call(url, transport, options)` picks the transport by name; the modules are imported
 only when asked for, so `--transport webrtc` never loads the SIP code and the other way round.
@@ -21,8 +23,9 @@ import weakref
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
+import aiohttp
 import numpy as np
 
 from agent.testing.peer.recording import PEER_RATE, Recording
@@ -163,6 +166,14 @@ class EncodedPlayback:
         return self._silent_samples, self.silence
 
 
+class EventChannel(Protocol):
+    """Where a transport without events of its own gets them (`sideband.Sideband`)."""
+
+    async def send(self, event: dict[str, Any]) -> None: ...
+
+    async def close(self) -> None: ...
+
+
 class PeerCall(abc.ABC):
     """One call of the headless peer. Audio is float32 mono at `rate` both ways."""
 
@@ -192,7 +203,9 @@ class PeerCall(abc.ABC):
         self._unfinished: list[Callable[[], None]] = []
         self._event_waiters: list[tuple[Callable[[dict[str, Any]], bool], asyncio.Future[
             TimedEvent]]] = []
-        self._closed = False
+        self._tasks: list[asyncio.Task[None]] = []  # cancelled by `begin_close`
+        self._sideband: EventChannel | None = None  # for transports without events
+        self._closing = False
 
     # -- the timeline --------------------------------------------------------------------
 
@@ -306,19 +319,63 @@ class PeerCall(abc.ABC):
         """Place the call; raises PeerError. Audio flows (silence until `play`) once it
         returns."""
 
+    @property
+    def headers(self) -> dict[str, str]:
+        """The bearer token's header for the agent's HTTP and websocket endpoints."""
+        token = self.options.token
+        return {"Authorization": f"Bearer {token}"} if token else {}
+
+    def http(self, bounded: bool = True) -> aiohttp.ClientSession:
+        """An HTTP client for the agent; `bounded`: each request within `options.timeout`
+        (not for a websocket that lives as long as the call). `insecure` accepts a
+        development server's self-signed certificate."""
+        connector = aiohttp.TCPConnector(ssl=False if self.options.insecure else True)
+        if not bounded:
+            return aiohttp.ClientSession(connector=connector)
+        return aiohttp.ClientSession(connector=connector,
+                                     timeout=aiohttp.ClientTimeout(total=self.options.timeout))
+
     async def send_dtmf(self, digits: str) -> None:
         raise PeerError(UNSUPPORTED, f"the {self.transport} transport cannot send DTMF")
 
     async def send_event(self, event: dict[str, Any]) -> None:
+        """Over the sideband where one is open; the transports with an event channel of their
+        own override this."""
+        if self._sideband is not None:
+            await self._sideband.send(event)
+            return
         raise PeerError(UNSUPPORTED, f"the {self.transport} transport has no event channel")
 
-    @abc.abstractmethod
     async def hangup(self) -> None:
-        """End the call from this side (the protocol's own way), then release it."""
+        """End the call from this side (the protocol's own way, `end_remote`), then release
+        it."""
+        remote_ended = self.ended.is_set()
+        self.mark_ended("hangup")
+        await self.end_remote(remote_ended)
+        await self.close()
+
+    async def end_remote(self, remote_ended: bool) -> None:
+        """Tell the other side the call is over (BYE, DELETE, stop); `remote_ended`: it ended
+        the call first. Nothing by default (closing the connection says it)."""
+        return None
+
+    async def begin_close(self) -> bool:
+        """The shared start of `close`: False where closing has begun already; otherwise the
+        call is marked ended, its tasks are cancelled and awaited and the sideband closed."""
+        if self._closing:
+            return False
+        self._closing = True
+        self.mark_ended("closed")
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._sideband is not None:
+            await self._sideband.close()
+        return True
 
     @abc.abstractmethod
     async def close(self) -> None:
-        """Release everything; idempotent."""
+        """Release everything (`begin_close` first); idempotent."""
 
     async def __aenter__(self) -> PeerCall:
         return self

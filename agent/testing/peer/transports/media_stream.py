@@ -77,9 +77,6 @@ class MediaStreamCall(PeerCall):
         self.stream_sid = "MZ" + secrets.token_hex(16)
         self._http: aiohttp.ClientSession | None = None
         self._socket: aiohttp.ClientWebSocketResponse | None = None
-        self._tasks: list[asyncio.Task[None]] = []
-        self._sideband: Sideband | None = None
-        self._closing = False
         self._marks = 0
         # A load test without a script: keep the agent's audio as bytes, decode after the call.
         self._defer_decoding = bool(self.options.extra.get("defer_decoding", False))
@@ -97,10 +94,8 @@ class MediaStreamCall(PeerCall):
         self._decoder = NarrowbandCodec(name, self.rate)
         self.preencode(EncodedPlayback(self._encoder.encode_packets, self.rate // 50,
                                        self._encoder.silence, f"{name}/{self.rate}"))
-        token = self.options.token
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
-        connector = aiohttp.TCPConnector(ssl=False if self.options.insecure else True)
-        self._http = aiohttp.ClientSession(connector=connector)
+        headers = self.headers
+        self._http = self.http(bounded=False)
         try:
             self._socket = await asyncio.wait_for(
                 self._http.ws_connect(target, headers=headers, autoping=True),
@@ -225,9 +220,6 @@ class MediaStreamCall(PeerCall):
         if "event" in event:
             await self._send({"streamSid": self.stream_sid, **event})
             return
-        if self._sideband is not None:
-            await self._sideband.send(event)
-            return
         await super().send_event(event)
 
     async def mark(self, name: str | None = None) -> str:
@@ -239,25 +231,17 @@ class MediaStreamCall(PeerCall):
                           "mark": {"name": label}})
         return label
 
-    async def hangup(self) -> None:
-        self.mark_ended("hangup")
+    async def end_remote(self, remote_ended: bool) -> None:
+        # A `stop` either way: an open socket after the agent's end is still told.
         try:
             await self._send({"event": "stop", "streamSid": self.stream_sid,
                               "stop": {"callSid": self.call_id}})
         except PeerError:
             pass
-        await self.close()
 
     async def close(self) -> None:
-        if self._closing:
+        if not await self.begin_close():
             return
-        self._closing = True
-        self.mark_ended("closed")
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-        if self._sideband is not None:
-            await self._sideband.close()
         if self._socket is not None:
             await self._socket.close()
         if self._http is not None:

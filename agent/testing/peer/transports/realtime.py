@@ -63,10 +63,8 @@ class RealtimeCall(WebRtcCall):
         self._call_url = str(response.url.join(URL(location)))
         return text
 
-    async def hangup(self) -> None:
-        """End the call on the server (`POST .../hangup`), then close this side."""
-        remote_ended = self.ended.is_set()
-        self.mark_ended("hangup")
+    async def end_remote(self, remote_ended: bool) -> None:
+        """End the call on the server (`POST .../hangup`); closing this side follows."""
         call_url = self._call_url
         if call_url is not None and not remote_ended:
             try:
@@ -74,5 +72,4 @@ class RealtimeCall(WebRtcCall):
                         call_url + "/hangup", headers=self.headers) as response:
                     await response.read()
             except (aiohttp.ClientError, TimeoutError):
-                pass  # the server may already have ended it; closing below ends it anyway
-        await self.close()
+                pass  # the server may already have ended it; closing ends it anyway

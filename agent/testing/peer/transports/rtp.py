@@ -62,18 +62,6 @@ class RtpCall(PeerCall):
         super().__init__(url, options)
         self.stream: RtpStream | None = None
         self._leg_url: str | None = None
-        self._sideband: Sideband | None = None
-        self._closing = False
-
-    @property
-    def headers(self) -> dict[str, str]:
-        token = self.options.token
-        return {"Authorization": f"Bearer {token}"} if token else {}
-
-    def http(self) -> aiohttp.ClientSession:
-        connector = aiohttp.TCPConnector(ssl=False if self.options.insecure else True)
-        return aiohttp.ClientSession(connector=connector,
-                                     timeout=aiohttp.ClientTimeout(total=self.options.timeout))
 
     async def connect(self) -> None:
         self.start_clock()
@@ -135,15 +123,7 @@ class RtpCall(PeerCall):
         except ValueError as exc:
             raise PeerError("invalid_dtmf", str(exc)) from None
 
-    async def send_event(self, event: dict[str, Any]) -> None:
-        if self._sideband is None:
-            await super().send_event(event)
-            return
-        await self._sideband.send(event)
-
-    async def hangup(self) -> None:
-        remote_ended = self.ended.is_set()
-        self.mark_ended("hangup")
+    async def end_remote(self, remote_ended: bool) -> None:
         if self._leg_url is not None and not remote_ended:
             try:
                 async with self.http() as http, http.delete(self._leg_url,
@@ -151,14 +131,9 @@ class RtpCall(PeerCall):
                     await response.read()
             except (aiohttp.ClientError, asyncio.TimeoutError):
                 pass  # gone already; the agent ends a silent leg on its own too
-        await self.close()
 
     async def close(self) -> None:
-        if self._closing:
+        if not await self.begin_close():
             return
-        self._closing = True
-        self.mark_ended("closed")
-        if self._sideband is not None:
-            await self._sideband.close()
         if self.stream is not None:
             await self.stream.close()

@@ -52,8 +52,7 @@ class Sideband:
                                 "the agent's call id, so it has no sideband")
             return None
         url = sideband_url(base_url, call.call_id)
-        connector = aiohttp.TCPConnector(ssl=False if call.options.insecure else True)
-        http = aiohttp.ClientSession(connector=connector)
+        http = call.http(bounded=False)
         try:
             socket = await asyncio.wait_for(http.ws_connect(url, headers=headers),
                                             call.options.timeout)

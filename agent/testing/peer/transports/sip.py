@@ -211,8 +211,6 @@ class SipCall(PeerCall):
         self._remote_target: str | None = None
         self._cseq = 1
         self._responses: asyncio.Queue[SipMessage] = asyncio.Queue()
-        self._sideband: Sideband | None = None
-        self._closing = False
         self._answered = False
         self.final_status: int | None = None
         self._offer = ""
@@ -357,13 +355,9 @@ class SipCall(PeerCall):
             saved, self.call_id = self.call_id, (str(sideband_id) if sideband_id else None)
             try:
                 base = self.options.extra.get("sideband_url")
-                self._sideband = await Sideband.open_if(self, self._headers(), base)
+                self._sideband = await Sideband.open_if(self, self.headers, base)
             finally:
                 self.call_id = saved
-
-    def _headers(self) -> dict[str, str]:
-        token = self.options.token
-        return {"Authorization": f"Bearer {token}"} if token else {}
 
     @staticmethod
     def _advertised_address(server_ip: str) -> str:
@@ -384,15 +378,7 @@ class SipCall(PeerCall):
         except ValueError as exc:
             raise PeerError("invalid_dtmf", str(exc)) from None
 
-    async def send_event(self, event: dict[str, Any]) -> None:
-        if self._sideband is None:
-            await super().send_event(event)
-            return
-        await self._sideband.send(event)
-
-    async def hangup(self) -> None:
-        remote_ended = self.ended.is_set()
-        self.mark_ended("hangup")
+    async def end_remote(self, remote_ended: bool) -> None:
         if self._answered and not remote_ended and self._remote_target is not None:
             self._cseq += 1
             bye = self._request("BYE", self._remote_target, self._cseq,
@@ -401,15 +387,10 @@ class SipCall(PeerCall):
                 await self._transaction(bye, "BYE", self._cseq, min(self.options.timeout, 4.0))
             except PeerError:
                 pass  # no answer to the BYE: the dialog is over on this side all the same
-        await self.close()
 
     async def close(self) -> None:
-        if self._closing:
+        if not await self.begin_close():
             return
-        self._closing = True
-        self.mark_ended("closed")
-        if self._sideband is not None:
-            await self._sideband.close()
         if self.stream is not None:
             await self.stream.close()
         if self._socket is not None:

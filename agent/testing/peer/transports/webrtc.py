@@ -63,6 +63,17 @@ CHUNK = PEER_RATE // 50
 MEDIA_TIMEOUT = 3.0  # seconds without a packet from the agent that end a WebRTC call
 
 
+def audio_frame(chunk: np.ndarray, pts: int) -> av.AudioFrame:
+    """A float32 mono chunk as the s16 frame aiortc encodes, `pts` in PEER_RATE samples."""
+    frame = av.AudioFrame.from_ndarray(
+        float_to_s16(chunk).reshape(1, -1), format="s16", layout="mono"
+    )
+    frame.sample_rate = PEER_RATE
+    frame.pts = pts
+    frame.time_base = Fraction(1, PEER_RATE)
+    return frame
+
+
 class SignalTrack(MediaStreamTrack):
     """Plays a float32 mono signal at 48 kHz in paced 20 ms frames, then silence."""
 
@@ -84,12 +95,7 @@ class SignalTrack(MediaStreamTrack):
         chunk = self.signal[self.position : self.position + CHUNK]
         if len(chunk) < CHUNK:
             chunk = np.concatenate([chunk, np.zeros(CHUNK - len(chunk), dtype=np.float32)])
-        frame = av.AudioFrame.from_ndarray(
-            float_to_s16(chunk).reshape(1, -1), format="s16", layout="mono"
-        )
-        frame.sample_rate = PEER_RATE
-        frame.pts = self.position
-        frame.time_base = Fraction(1, PEER_RATE)
+        frame = audio_frame(chunk, self.position)
         self.position += CHUNK
         return frame
 
@@ -375,12 +381,7 @@ class QueueTrack(MediaStreamTrack):
             self.position += CHUNK
             return packet
         chunk = self.call.next_chunk(CHUNK)
-        frame = av.AudioFrame.from_ndarray(
-            float_to_s16(chunk).reshape(1, -1), format="s16", layout="mono"
-        )
-        frame.sample_rate = PEER_RATE
-        frame.pts = self.position
-        frame.time_base = Fraction(1, PEER_RATE)
+        frame = audio_frame(chunk, self.position)
         self.position += CHUNK
         return frame
 
@@ -402,9 +403,7 @@ class WebRtcCall(PeerCall):
         super().__init__(url, options)
         self.pc: RTCPeerConnection | None = None
         self.channel: RTCDataChannel | None = None
-        self._tasks: list[asyncio.Task[None]] = []
         self._channel_open = asyncio.Event()
-        self._closing = False
         self.light = bool(self.options.extra.get("defer_decoding", False))
         self._deferred: DeferredDecoding | None = None
 
@@ -430,17 +429,6 @@ class WebRtcCall(PeerCall):
         arrivals = self._deferred.arrivals if self._deferred is not None else (
             self.received.arrivals)
         return arrivals[-1] if arrivals else None
-
-    @property
-    def headers(self) -> dict[str, str]:
-        token = self.options.token
-        return {"Authorization": f"Bearer {token}"} if token else {}
-
-    def http(self) -> aiohttp.ClientSession:
-        # insecure: a development server's self-signed certificate.
-        connector = aiohttp.TCPConnector(ssl=False if self.options.insecure else True)
-        return aiohttp.ClientSession(connector=connector,
-                                     timeout=aiohttp.ClientTimeout(total=self.options.timeout))
 
     async def connect(self) -> None:
         self.start_clock()
@@ -554,18 +542,9 @@ class WebRtcCall(PeerCall):
         assert self.channel is not None
         self.channel.send(json.dumps(event))
 
-    async def hangup(self) -> None:
-        self.mark_ended("hangup")
-        await self.close()
-
     async def close(self) -> None:
-        if self._closing:
+        if not await self.begin_close():
             return
-        self._closing = True
-        self.mark_ended("closed")
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
         if self.pc is not None:
             try:
                 await asyncio.wait_for(self.pc.close(), 5)
