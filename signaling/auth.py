@@ -198,7 +198,19 @@ class SecretStore:
         return secret
 
     def forget(self, value: str) -> None:
-        self._secrets.pop(_hash(value), None)
+        """Forget a secret here (a cluster's shared store holds it); one that was unused here
+        stops counting for the other workers at once, not at the next refresh."""
+        secret = self._secrets.pop(_hash(value), None)
+        if secret is not None and secret.call_id is None:
+            self.publish()
+
+    def let_go(self, value: str) -> None:
+        """Forget a secret adopted for a new call unless that call was made here: made by
+        another worker (which adopted the secret itself) or not at all, a copy left here
+        would count as unused until it expired."""
+        secret = self._secrets.get(_hash(value))
+        if secret is not None and secret.call_id is None:
+            self.forget(value)
 
 
 @dataclass(frozen=True)

@@ -221,9 +221,15 @@ async def _handle_here(node: ClusterNode, request: web.Request, handler: Handler
             return await handler(request)
         finally:
             request.app[SECRETS_KEY].forget(value)
+    store = request.app[SECRETS_KEY]
     if from_worker:  # redeemed by the worker that passed it here
-        await node.secrets.peek(request, value, used_ok=True)
-        return await handler(request)
+        adopted = not store.knows(value) and await node.secrets.peek(request, value,
+                                                                      used_ok=True)
+        try:
+            return await handler(request)
+        finally:
+            if adopted:  # no call made here: the copy goes (the other worker gives it back)
+                store.let_go(value)
     minted_here = node_of(value, SECRET_TOKEN_CHARS) == node.tag
     redeemed = await node.secrets.redeem(request, value, minted_here)
     if redeemed is Redeemed.ELSEWHERE:
@@ -233,7 +239,14 @@ async def _handle_here(node: ClusterNode, request: web.Request, handler: Handler
         except NodeUnreachable:
             raise ApiError("invalid_secret", "unknown or expired ephemeral secret",
                            headers={"WWW-Authenticate": "Bearer"}, status=401) from None
-    response = await handler(request)
+    try:
+        response = await handler(request)
+    finally:
+        if redeemed is Redeemed.HERE:
+            # The copy adopted by redeeming stays only bound to a call made here: a call the
+            # handler passed to another worker is that worker's (it adopts the secret), and
+            # a copy left unbound here would count as unused until it expired.
+            store.let_go(value)
     if redeemed is Redeemed.HERE and response.status not in (200, 201):
         await node.secrets.give_back(value)
     return response

@@ -365,6 +365,42 @@ async def test_secrets_minted_at_one_node_are_redeemed_once_at_another(
     await wait_all_free(cluster)
 
 
+async def test_a_secret_spent_at_a_node_with_workers_leaves_no_unused_count_behind(
+        cluster: Cluster) -> None:
+    """The third node has two workers: a new call lands on either (a fresh connection each)
+    and is made by the worker that minted its secret, whichever redeemed it in Redis.
+    Afterwards no worker counts the spent secrets as unused: the key can still mint its full
+    --max-secrets-per-key at that node, and the one past it is Redis's refusal. (Which worker
+    accepts is the kernel's choice; test_secrets.py takes the crossing path every time.)"""
+    third = cluster.nodes[2]
+    await wait_all_free(cluster)
+    connector = aiohttp.TCPConnector(force_close=True)  # each request its own connection
+    async with aiohttp.ClientSession(connector=connector) as session:
+        async def mint() -> tuple[int, dict[str, Any]]:
+            async with session.post(third.url + "/v1/realtime/client_secrets",
+                                    headers=bearer(KEYS[3]), json={}) as response:
+                return response.status, await response.json()
+
+        for _ in range(3):
+            # minted at once (by either worker), each then used at the same node (an idle
+            # cluster places a call on the node it reaches)
+            minted = await asyncio.gather(mint(), mint())
+            for status, body in minted:
+                assert status == 200, body
+                status, headers, answer = await post_offer(
+                    session, third.url, await offer_sdp_once(), bearer(body["value"]))
+                assert status == 201, answer
+                assert tag_of(headers["Location"].rsplit("/", 1)[-1]) == third.tag
+                await end_all(session, cluster, [headers["Location"]])
+        await wait_all_free(cluster)
+        for _ in range(3):
+            status, body = await mint()
+            assert status == 200, body
+        status, body = await mint()
+        assert status == 429 and body["error"]["code"] == "too_many_secrets", body
+        assert "across the cluster" in body["error"]["message"], body
+
+
 async def test_max_secrets_per_key_is_the_clusters(cluster: Cluster) -> None:
     """--max-secrets-per-key 3: three unused secrets minted at three nodes fill the key's
     share of the whole cluster; redeeming one makes room again."""
