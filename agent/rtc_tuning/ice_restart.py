@@ -29,12 +29,10 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import inspect
 import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from aioice import Connection
 from aioice.ice import ConnectionClosed
@@ -44,6 +42,7 @@ from aiortc.rtcicetransport import candidate_from_aioice, candidate_to_aioice
 from aiortc.sdp import candidate_from_sdp, candidate_to_sdp
 
 from agent.errors import CallError
+from agent.rtc_tuning.source_check import source_of
 from agent.task_owner import TaskOwner
 
 log = logging.getLogger(__name__)
@@ -324,13 +323,6 @@ class RestartableIce:
             await asyncio.gather(task, return_exceptions=True)
 
 
-def _source(obj: Any) -> str:
-    try:
-        return inspect.getsource(obj)
-    except (OSError, TypeError):
-        return ""
-
-
 def missing_restart_internals() -> list[str]:
     """What of aiortc/aioice the ICE restart relies on is gone (empty: all there)."""
     return list(_missing_restart_internals())
@@ -339,20 +331,20 @@ def missing_restart_internals() -> list[str]:
 @functools.cache
 def _missing_restart_internals() -> tuple[str, ...]:
     missing = []
-    init = _source(RTCIceTransport.__init__)
+    init = source_of(RTCIceTransport.__init__)
     if "self._connection = gatherer._connection" not in init or "self._recv" not in init:
         missing.append("RTCIceTransport._connection/_recv/_send (ICE restart unavailable)")
-    start = _source(RTCIceTransport.start)
+    start = source_of(RTCIceTransport.start)
     if "self._monitor()" not in start:
         missing.append("RTCIceTransport.start → _monitor (ICE restart unavailable)")
     if not hasattr(RTCIceTransport, _SET_STATE):
         missing.append("RTCIceTransport.__setState (ICE restart unavailable)")
-    dtls = _source(RTCDtlsTransport)
+    dtls = source_of(RTCDtlsTransport)
     if "self.transport._recv()" not in dtls or "self.transport._send(" not in dtls:
         missing.append("RTCDtlsTransport via transport._recv/_send (ICE restart unavailable)")
     for name in ("_nominated", "_use_ipv4", "_use_ipv6", "_transport_policy",
                  "_remote_candidates", "_early_checks"):
-        if name not in _source(Connection.__init__):
+        if name not in source_of(Connection.__init__):
             missing.append(f"aioice Connection.{name} (ICE restart unavailable)")
     if not all(hasattr(Connection, n) for n in ("get_event", "gather_candidates", "connect")):
         missing.append("aioice Connection API (ICE restart unavailable)")

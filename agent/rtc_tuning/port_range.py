@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import errno
-import inspect
 import logging
 import random
 from collections.abc import Awaitable, Callable
@@ -27,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agent.errors import CallError
+from agent.rtc_tuning.source_check import source_of
 
 log = logging.getLogger(__name__)
 
@@ -186,9 +186,8 @@ def missing_port_internals() -> list[str]:
     if method is None:
         return ["aioice Connection.get_component_candidates (--rtc-ports cannot apply)"]
     method = _original_get_component_candidates or method  # aioice's own, once wrapped
-    try:
-        source = inspect.getsource(method)
-    except (OSError, TypeError):
+    source = source_of(method)
+    if not source:
         return ["aioice Connection.get_component_candidates source (--rtc-ports cannot apply)"]
     needed = ("asyncio.get_running_loop()", "loop.create_datagram_endpoint(",
               "local_addr=(address, 0)")

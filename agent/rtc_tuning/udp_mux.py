@@ -44,7 +44,6 @@ import contextlib
 import contextvars
 import errno
 import functools
-import inspect
 import ipaddress
 import logging
 import socket
@@ -55,6 +54,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from aioice import stun
+
+from agent.rtc_tuning.source_check import source_of
 
 log = logging.getLogger(__name__)
 
@@ -552,10 +553,7 @@ def missing_mux_internals() -> list[str]:
     }
     missing = []
     for what, (code, texts) in needed.items():
-        try:
-            source = inspect.getsource(code) if code is not None else ""
-        except (OSError, TypeError):
-            source = ""
+        source = source_of(code) if code is not None else ""
         if not all(text in source for text in texts):
             missing.append(f"aioice {what} (--rtc-udp-port cannot apply)")
     for name in ("local_username", "local_password"):
