@@ -114,6 +114,24 @@ def call_with_echo(wav: str, play_ms: int) -> str:
     return scenario("echo call", body)
 
 
+def ack_non_2xx(branch: str) -> str:
+    """The ACK of a final answer above 2xx to the first INVITE: on that INVITE's own
+    `branch` (RFC 3261 §17.1.1.3), its To (with the tag) from the answer."""
+    return f"""  <send>
+    <![CDATA[
+      ACK sip:agent@[remote_ip]:[remote_port] SIP/2.0
+      Via: SIP/2.0/[transport] [local_ip]:[local_port];branch={branch}
+      {FROM}
+      [last_To:]
+      Call-ID: [call_id]
+      CSeq: 1 ACK
+      Max-Forwards: 70
+      Content-Length: 0
+    ]]>
+  </send>
+"""
+
+
 def cancel_before_answer() -> str:
     branch = "z9hG4bK-[pid]-[call_number]-invite"
     body = (invite(branch=branch)
@@ -133,20 +151,9 @@ def cancel_before_answer() -> str:
   </send>
   <recv response="200"/>
   <recv response="487"/>
-  <send>
-    <![CDATA[
-      ACK sip:agent@[remote_ip]:[remote_port] SIP/2.0
-      Via: SIP/2.0/[transport] [local_ip]:[local_port];branch={branch}
-      {FROM}
-      [last_To:]
-      Call-ID: [call_id]
-      CSeq: 1 ACK
-      Max-Forwards: 70
-      Content-Length: 0
-    ]]>
-  </send>
-  <pause milliseconds="500"/>
-""")
+"""
+            + ack_non_2xx(branch)
+            + '  <pause milliseconds="500"/>\n')
     return scenario("cancel before answer", body)
 
 
@@ -236,18 +243,6 @@ def rejected(status: int, timeout_ms: int = 15000) -> str:
             + '  <recv response="100" optional="true"/>\n'
             + '  <recv response="180"/>\n'
             + f'  <recv response="{status}" timeout="{timeout_ms}"/>\n'
-            + f"""  <send>
-    <![CDATA[
-      ACK sip:agent@[remote_ip]:[remote_port] SIP/2.0
-      Via: SIP/2.0/[transport] [local_ip]:[local_port];branch={branch}
-      {FROM}
-      [last_To:]
-      Call-ID: [call_id]
-      CSeq: 1 ACK
-      Max-Forwards: 70
-      Content-Length: 0
-    ]]>
-  </send>
-  <pause milliseconds="300"/>
-""")
+            + ack_non_2xx(branch)
+            + '  <pause milliseconds="300"/>\n')
     return scenario(f"rejected {status}", body)
