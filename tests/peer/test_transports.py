@@ -94,22 +94,26 @@ async def test_a_load_test_call_decodes_after_the_call_and_measures_the_same(
 
 
 async def test_a_polled_rtp_socket_keeps_each_packets_kernel_arrival_time() -> None:
-    # Load-test mode: the socket is drained on the send clock's tick, not on the event loop;
-    # a packet's arrival is still when the kernel got it, not when it was drained.
+    # Load-test mode: the socket is read on the send clock's tick (one epoll for every
+    # stream), not on the event loop; a packet's arrival is still when the kernel got it, and
+    # it is kept as it came, then parsed and counted after the call.
     call = open_call("rtp://127.0.0.1:9", "rtp", PeerOptions(extra={"defer_decoding": True}))
     stream = RtpStream(call, codec_name(None))
     local = await stream.bind("127.0.0.1")
     sender = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     try:
+        sender.bind(("127.0.0.1", 0))
+        stream.remote = sender.getsockname()
         packet = RTP_HEADER.pack(0x80, stream.payload_type, 1, 160, 7) + stream.encoder.silence
         sent_at = time.monotonic()
         sender.sendto(packet, local)
-        await asyncio.sleep(0.1)  # it waits in the socket until the next drain
-        drained_at = time.monotonic()
-        stream._drain()
-        assert stream.packets_received == 1 and len(stream._deferred) == 1
-        arrived = stream._deferred[0][0]
-        assert sent_at - 0.001 <= arrived < drained_at - 0.05
+        await asyncio.sleep(0.1)  # the poller reads it on a tick of the shared send clock
+        read_at = time.monotonic()
+        assert stream.packets_received == 0 and len(stream._kept) == 1
+        arrived = stream._kept[0][0]
+        assert sent_at - 0.001 <= arrived < read_at - 0.05
+        stream.publish()
+        assert stream.packets_received == 1 and stream._deferred[0][0] == arrived
     finally:
         sender.close()
         await stream.close()

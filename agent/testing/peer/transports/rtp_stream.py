@@ -11,10 +11,12 @@ first one, when the remote is not known: symmetric RTP) are decoded into the cal
 script: nothing reads the audio during the call), kept as bytes and decoded after the call
 (`PeerCall.finish_recordings`).
 In that load-test mode the socket is not on the event loop at all: each tick of the shared
-send clock first drains every stream's socket (non-blocking `recvmsg` until it is empty),
-with each packet's arrival time from the kernel (`SO_TIMESTAMPNS`), then sends. A datagram
-then costs no wake-up and no selector round of its own (those were most of the peer's CPU
-per RTP call), and the jitter and gaps still see when each packet really arrived.
+send clock first reads what every stream's socket holds (`_Poller`: one epoll for all of
+them, asked until nothing is ready, so an empty socket costs no failed `recvmsg`), with each
+packet's arrival time from the kernel (`SO_TIMESTAMPNS`), then sends. A datagram then costs
+no wake-up and no selector round of its own (those were most of the peer's CPU per RTP
+call), and the jitter and gaps still see when each packet really arrived. The packets are
+kept as they came (bytes, source, arrival) and parsed, counted and decoded after the call.
 Telephone-events become `dtmf` events. Sequence numbers give packets received and lost
 (RFC 3550 A.3), RTP timestamps against arrival times the interarrival jitter (RFC 3550
 6.4.1). Packets are parsed with aiortc's `RtpPacket`; sent headers are packed directly
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import secrets
+import select
 import socket
 import struct
 import sys
@@ -77,6 +80,54 @@ def shared_send_clock() -> SendClock:
     return clock
 
 
+class _Poller:
+    """The load-test streams' sockets, read on the shared tick (one epoll for all): it joins
+    the send clock before any of its streams, so each tick reads before it sends."""
+
+    ROUNDS = 8  # a socket holding more than this many datagrams is read on later ticks too
+
+    def __init__(self) -> None:
+        self._epoll = select.epoll()
+        self._streams: dict[int, RtpStream] = {}
+        self._leave: Callable[[], None] | None = None
+
+    def add(self, stream: RtpStream, sock: socket.socket) -> None:
+        self._epoll.register(sock.fileno(), select.EPOLLIN)
+        self._streams[sock.fileno()] = stream
+        if self._leave is None:
+            self._leave = shared_send_clock().join(self._tick)
+
+    def remove(self, sock: socket.socket) -> None:
+        if self._streams.pop(sock.fileno(), None) is not None:
+            self._epoll.unregister(sock.fileno())
+        if not self._streams and self._leave is not None:
+            self._leave()
+            self._leave = None
+
+    def _tick(self, tick_at: float, now: float) -> None:
+        offset = time.time() - time.monotonic()
+        for _ in range(self.ROUNDS):
+            ready = self._epoll.poll(0)
+            if not ready:
+                return
+            for fd, _ in ready:
+                stream = self._streams.get(fd)
+                if stream is not None:
+                    stream._read_one(offset)
+
+
+_pollers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Poller] = (
+    weakref.WeakKeyDictionary())
+
+
+def shared_poller() -> _Poller:
+    loop = asyncio.get_running_loop()
+    poller = _pollers.get(loop)
+    if poller is None:
+        poller = _pollers[loop] = _Poller()
+    return poller
+
+
 class _Protocol(asyncio.DatagramProtocol):
     def __init__(self, stream: RtpStream) -> None:
         self.stream = stream
@@ -119,6 +170,7 @@ class RtpStream:
         self._silent_samples = np.zeros(call.rate // 50, dtype=np.float32)
         self._detector = DigitDetector()
         self._deferred: list[tuple[float, bytes]] = []
+        self._kept: list[tuple[float, bytes, Address]] = []  # load-test mode: as they came
         call.preencode(EncodedPlayback(self.encoder.encode_packets, call.rate // 50,
                                        self._silence_payload, f"{codec}/{call.rate}"))
         # Receive statistics.
@@ -132,7 +184,10 @@ class RtpStream:
 
     async def bind(self, host: str, port: int = 0) -> Address:
         if self.defer_decoding:
-            return self._bind_polled(host, port)
+            address = self._bind_polled(host, port)
+            assert self._socket is not None
+            shared_poller().add(self, self._socket)
+            return address
         loop = asyncio.get_running_loop()
         transport, _ = await loop.create_datagram_endpoint(lambda: _Protocol(self),
                                                            local_addr=(host, port))
@@ -157,24 +212,27 @@ class RtpStream:
         self.local = (sockname[0], sockname[1])
         return self.local
 
-    def _drain(self) -> None:
-        """Every datagram waiting on the polled socket, with its kernel arrival time."""
-        assert self._socket is not None
-        offset = time.time() - time.monotonic()
-        while True:
-            try:
-                data, ancillary, _, source = self._socket.recvmsg(MAX_DATAGRAM + 1, 64)
-            except (BlockingIOError, InterruptedError):
-                return
-            except OSError:  # an ICMP error for an earlier send
-                self.send_errors += 1
-                continue
-            arrived = time.monotonic()
-            for level, kind, value in ancillary:
-                if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS:
-                    seconds, nanoseconds = TIMESPEC.unpack_from(value)
-                    arrived = seconds + nanoseconds * 1e-9 - offset
+    def _read_one(self, offset: float) -> None:
+        """One datagram from the polled socket (its poller saw it readable), with its kernel
+        arrival time (`offset`: wall clock minus monotonic), kept for after the call."""
+        if self._socket is None:
+            return
+        try:
+            data, ancillary, _, source = self._socket.recvmsg(MAX_DATAGRAM + 1, 64)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:  # an ICMP error for an earlier send
+            self.send_errors += 1
+            return
+        arrived = time.monotonic()
+        for level, kind, value in ancillary:
+            if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS:
+                seconds, nanoseconds = TIMESPEC.unpack_from(value)
+                arrived = seconds + nanoseconds * 1e-9 - offset
+        if self.remote is None:  # symmetric RTP: the first packet names the remote
             self.on_datagram(data, (source[0], source[1]), arrived)
+        else:
+            self._kept.append((arrived, data, source))
 
     def start(self, remote: Address | None) -> None:
         """Send to `remote` (None: to whoever sends first) from now on."""
@@ -202,10 +260,8 @@ class RtpStream:
             self._transport.sendto(header + payload, self.remote)
 
     def _send_due(self, tick_at: float, now: float) -> None:
-        """On the shared send clock's tick: what arrived since the last (load-test mode),
-        then the packets now due (normally one)."""
-        if self._socket is not None:
-            self._drain()
+        """On the shared send clock's tick (after the poller read what arrived, in load-test
+        mode): the packets now due (normally one)."""
         for _ in range(self._pacer.take_due(tick_at, now)):
             self._send_one(now)
 
@@ -305,8 +361,12 @@ class RtpStream:
         return self._jitter if self._last_transit is not None else None
 
     def publish(self) -> None:
-        """Copy the statistics onto the call; audio kept as bytes is decoded when the call's
-        recordings are finished (after the call: `PeerCall.finish_recordings`)."""
+        """Copy the statistics onto the call (the packets kept as they came parsed and
+        counted first); audio kept as bytes is decoded when the call's recordings are finished
+        (after the call: `PeerCall.finish_recordings`)."""
+        kept, self._kept = self._kept, []
+        for arrived, data, source in kept:
+            self.on_datagram(data, (source[0], source[1]), arrived)
         self.call.packets_received = self.packets_received
         self.call.packets_lost = self.packets_lost
         self.call.jitter = self.jitter
@@ -330,6 +390,7 @@ class RtpStream:
         if self._transport is not None:
             self._transport.close()
         if self._socket is not None:
+            shared_poller().remove(self._socket)
             self._socket.close()
             self._socket = None
         self.publish()

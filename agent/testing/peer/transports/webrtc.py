@@ -26,6 +26,7 @@ from aiortc import (
     RTCPeerConnection,
     RTCRtpReceiver,
     RTCRtpSender,
+    RTCRtpTransceiver,
     RTCSessionDescription,
 )
 from aiortc.jitterbuffer import JitterFrame
@@ -56,6 +57,7 @@ from agent.testing.peer.transports.base import (
     PeerError,
     PeerOptions,
 )
+from agent.testing.peer.transports.direct_srtp import DirectSrtp
 from agent.testing.testsignal import make_test_signal, measure_echo
 from agent.webrtc.encoding import InlineAudioEncoder
 
@@ -358,20 +360,32 @@ async def run_call(
 
 class QueueTrack(MediaStreamTrack):
     """The call's outbound audio: 20 ms frames taken from its playback queue on a pacer
-    (silence when nothing is queued), each recorded in `sent` as it leaves."""
+    (silence when nothing is queued), each recorded in `sent` as it leaves. A `parked` track
+    gives aiortc's sender nothing until `unpark` (the load-test media path sends instead)."""
 
     kind = "audio"
 
-    def __init__(self, call: PeerCall, encoded: tuple[int, int] | None = None) -> None:
+    def __init__(self, call: PeerCall, encoded: tuple[int, int] | None = None,
+                 parked: bool = False) -> None:
         super().__init__()
         self.call = call
         self.pacer = Pacer(MonotonicClock(), CHUNK / PEER_RATE)
         self.position = 0
         self.encoded = encoded  # (RTP clock rate, ticks per packet) when pre-encoded
+        self._unparked = asyncio.Event()
+        if not parked:
+            self._unparked.set()
+
+    def unpark(self) -> None:
+        self._unparked.set()
 
     async def recv(self) -> av.AudioFrame | av.Packet:
         if self.readyState != "live":
             raise MediaStreamError
+        if not self._unparked.is_set():
+            await self._unparked.wait()
+            if self.readyState != "live":  # stopped while parked: the direct path sends
+                raise MediaStreamError
         await self.pacer.wait_next()
         if self.encoded is not None:  # pre-encoded: aiortc's sender only packetizes
             clock_rate, ticks = self.encoded
@@ -392,9 +406,11 @@ class WebRtcCall(PeerCall):
     `send_dtmf` is unsupported here.
 
     With `extra["defer_decoding"]` (a load test without a script) the call costs the peer
-    little: audio is encoded when queued (aiortc's sender then only packetizes) and the
-    agent's packets are kept as they arrive and decoded after the call (`DeferredDecoding`,
-    `PeerCall.finish_recordings`)."""
+    little: audio is encoded when queued, and once connected the call's audio leaves aiortc's
+    media path for `DirectSrtp` (direct_srtp.py: SRTP sent on the peer's shared tick, the
+    agent's packets kept as they arrive and decoded after the call,
+    `PeerCall.finish_recordings`); where aiortc's internals do not allow that, aiortc's sender
+    only packetizes and `DeferredDecoding` keeps the packets instead."""
 
     transport = "webrtc"
     default_codec = "opus"
@@ -406,6 +422,8 @@ class WebRtcCall(PeerCall):
         self._channel_open = asyncio.Event()
         self.light = bool(self.options.extra.get("defer_decoding", False))
         self._deferred: DeferredDecoding | None = None
+        self._direct: DirectSrtp | None = None
+        self._track: QueueTrack | None = None
 
     def _preencode(self, codec: str) -> tuple[int, int]:
         """Queue audio encoded from now on; (RTP clock rate, ticks per packet)."""
@@ -426,6 +444,8 @@ class WebRtcCall(PeerCall):
 
     def last_arrival(self) -> float | None:
         """Monotonic time of the agent's latest packet."""
+        if self._direct is not None and self._direct.arrivals:
+            return self._direct.arrivals[-1]
         arrivals = self._deferred.arrivals if self._deferred is not None else (
             self.received.arrivals)
         return arrivals[-1] if arrivals else None
@@ -465,7 +485,8 @@ class WebRtcCall(PeerCall):
         channel.on("message", self._on_message)
         codec = self.options.codec or self.default_codec
         encoded = self._preencode(codec) if self.light else None
-        pc.addTrack(QueueTrack(self, encoded))
+        self._track = QueueTrack(self, encoded, parked=self.light and DirectSrtp.available())
+        pc.addTrack(self._track)
         try:
             prefer_codec(pc, codec)
         except ValueError as exc:
@@ -488,6 +509,21 @@ class WebRtcCall(PeerCall):
             codecs = negotiated_codecs(transceiver)
             if codecs:
                 self.codec = codecs[0].mimeType.split("/")[-1]
+                if self.light and transceiver.sender.track is self._track:
+                    self._go_direct(transceiver, codecs[0])
+        if self._track is not None:
+            self._track.unpark()  # (where the direct path took over, it never sends)
+
+    def _go_direct(self, transceiver: RTCRtpTransceiver, codec: RTCRtpCodecParameters
+                   ) -> None:
+        direct = DirectSrtp.attach(self, transceiver, codec)
+        if direct is None:
+            return
+        self._direct = direct
+        decoding = self._deferred or InlineAudioDecoding(transceiver.receiver, 1)
+        self.defer_until_finished(lambda: direct.replay(self.received, decoding))
+        if self._track is not None:
+            self._track.stop()  # aiortc's sender ends its loop
 
     async def exchange(self, http: aiohttp.ClientSession, sdp: str) -> str:
         """Post the offer; the answer's SDP. Sets `call_id`."""
@@ -545,6 +581,8 @@ class WebRtcCall(PeerCall):
     async def close(self) -> None:
         if not await self.begin_close():
             return
+        if self._direct is not None:
+            self._direct.stop()
         if self.pc is not None:
             try:
                 await asyncio.wait_for(self.pc.close(), 5)
