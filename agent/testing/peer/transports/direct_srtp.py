@@ -14,8 +14,11 @@ freshness, RTCP and the data channel stay on its path) this takes the call's aud
   sender's SSRC and the negotiated payload type, which the agent routes on; no header
   extensions), libsrtp's protect with the transport's own session, one `sendto` to the
   nominated pair;
-- receiving: the ICE socket's protocol keeps each SRTP packet (not SRTCP, RFC 5761 4) with its
-  arrival time and passes everything else (STUN, DTLS, SRTCP) on to aioice as before;
+- receiving: the ICE socket is read here instead of by its asyncio transport (paused; a
+  duplicate of the socket on the event loop, `recvmsg` with the kernel's arrival time,
+  `SO_TIMESTAMPNS`, so a busy peer loop does not make the agent look late): each SRTP packet
+  (not SRTCP, RFC 5761 4) is kept with its arrival time, everything else (STUN, DTLS,
+  SRTCP) goes on to aioice's protocol at once, as before;
 - after the call (`replay`) the kept packets are unprotected in arrival order with the
   transport's receive session, parsed, counted (received, lost by RFC 3550 A.3 extended
   sequence numbers, interarrival jitter 6.4.1) and decoded into the call's recording.
@@ -28,9 +31,11 @@ higher cost.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
 import secrets
+import socket
 import struct
 import time
 from collections.abc import Callable
@@ -50,7 +55,12 @@ from agent.rtc_tuning import InlineAudioDecoding
 from agent.rtc_tuning.source_check import source_of
 from agent.testing.peer.recording import Recording
 from agent.testing.peer.transports.base import PeerCall
-from agent.testing.peer.transports.rtp_stream import shared_send_clock
+from agent.testing.peer.transports.rtp_stream import (
+    MAX_DATAGRAM,
+    SO_TIMESTAMPNS,
+    TIMESPEC,
+    shared_send_clock,
+)
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +95,8 @@ class DirectSrtp:
         self.arrivals: list[float] = []
         self.packets: list[bytes] = []
         self.send_errors = 0
-        self._passed_on = protocol.datagram_received
+        self._socket: socket.socket | None = None  # the ICE socket's duplicate, read here
+        self._offset = time.time() - time.monotonic()
 
     @staticmethod
     @functools.cache
@@ -118,18 +129,51 @@ class DirectSrtp:
             return None
         ticks = round(codec.clockRate * PTIME)
         direct = cls(call, codec, ssrc, tx, rx, protocol, pair.remote_addr, ticks)
-        protocol.datagram_received = direct._received
+        try:
+            direct._read_socket()
+        except (OSError, AttributeError, RuntimeError):
+            log.warning("the ICE socket cannot be read directly: the load-test media stays "
+                        "on aiortc's path")
+            return None
         direct._leave = shared_send_clock().join(direct._send_due)
         return direct
 
+    def _read_socket(self) -> None:
+        transport = self._protocol.transport
+        sock = transport.get_extra_info("socket").dup()  # shares the socket and O_NONBLOCK
+        try:
+            if SO_TIMESTAMPNS is not None:
+                sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+            transport.pause_reading()
+            asyncio.get_running_loop().add_reader(sock.fileno(), self._readable)
+        except BaseException:
+            sock.close()
+            raise
+        self._socket = sock
+
     # -- live ------------------------------------------------------------------------------
 
-    def _received(self, data: bytes, addr: tuple[Any, ...]) -> None:
-        if is_srtp(data):
-            self.arrivals.append(time.monotonic())
-            self.packets.append(data)
+    def _readable(self) -> None:
+        """One datagram (the loop calls again while more wait)."""
+        if self._socket is None:
             return
-        self._passed_on(data, addr)
+        try:
+            data, ancillary, _, source = self._socket.recvmsg(MAX_DATAGRAM, 64)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as exc:  # an ICMP error for an earlier send
+            self._protocol.error_received(exc)
+            return
+        arrived = time.monotonic()
+        for level, kind, value in ancillary:
+            if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS:
+                seconds, nanoseconds = TIMESPEC.unpack_from(value)
+                arrived = seconds + nanoseconds * 1e-9 - self._offset
+        if is_srtp(data):
+            self.arrivals.append(arrived)
+            self.packets.append(data)
+        else:
+            self._protocol.datagram_received(data, source)
 
     def _send_due(self, tick_at: float, now: float) -> None:
         transport = self._protocol.transport
@@ -150,8 +194,13 @@ class DirectSrtp:
         if self._leave is not None:
             self._leave()
             self._leave = None
-        if self._protocol.__dict__.get("datagram_received") == self._received:
-            del self._protocol.datagram_received
+        if self._socket is not None:
+            asyncio.get_running_loop().remove_reader(self._socket.fileno())
+            self._socket.close()
+            self._socket = None
+            transport = self._protocol.transport
+            if transport is not None and not transport.is_closing():
+                transport.resume_reading()
 
     # -- after the call --------------------------------------------------------------------
 
