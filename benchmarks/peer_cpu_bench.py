@@ -4,16 +4,18 @@ A load test must measure the agent, not its callers: issue 33 asks that the peer
 least 4x fewer CPU cycles per call than the agent's echo path. This script starts the agent
 (`python -m signaling`, echo plugin, one worker, SIP on loopback) pinned to core 0, pins
 itself to core 1, and for each transport places `--calls` concurrent calls of `--seconds`
-with the peer's transports (`open_call`: connect, play the test signal, hang up), then
+with the peer's transports (`open_call`: connect, play the test signal, hang up; the
+load-test mode of `python -m agent.peer --repeat N --concurrency M`), then
 measures and judges each call as `python -m agent.peer --repeat N --concurrency M` does
 (`measure_into`: first audio, echo delay, jitter, gaps; `analyse`: both channels' speech
 segments, turn latencies and the checks; PESQ is off in that mode). It reads the server's
 CPU time (its process tree, /proc) and its own (`time.process_time()`, every thread) around
 the calls and around the measuring, and prints CPU seconds per call-second for each and the
-ratios. One warm-up call per
-transport first, so imports and one-off tables are not counted.
+ratios, for each number of concurrent calls in `--calls` (a load test runs many; with few,
+each call's set-up weighs more). One warm-up call per transport first, so imports and
+one-off tables are not counted.
 
-    python benchmarks/peer_cpu_bench.py [--calls 8] [--seconds 4] [--transports webrtc,rtp]
+    python benchmarks/peer_cpu_bench.py [--calls 8,32] [--seconds 4] [--transports webrtc,rtp]
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ TRANSPORTS = ["webrtc", "realtime", "media-stream", "rtp", "sip"]
 @dataclass
 class Row:
     transport: str
+    calls: int
     passed: int
     peer_live: float  # CPU seconds per call-second while the calls ran
     peer_measure: float  # CPU seconds per call-second measuring them afterwards
@@ -78,14 +81,15 @@ def run_level(pid: int, url: str, transport: str, count: int, seconds: float) ->
     peer_measure = time.process_time() - before_measure
     call_seconds = count * seconds
     passed = sum(r.ok and (r.correlation or 0) > 0.8 for r in reports)
-    return Row(transport, passed, peer_live / call_seconds, peer_measure / call_seconds,
+    return Row(transport, count, passed, peer_live / call_seconds, peer_measure / call_seconds,
                agent_cpu / call_seconds)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--calls", type=int, default=8)
+    parser.add_argument("--calls", default="8,32",
+                        help="concurrent calls per level, comma-separated (default 8,32)")
     parser.add_argument("--seconds", type=float, default=4.0)
     parser.add_argument("--transports", default=",".join(TRANSPORTS))
     args = parser.parse_args()
@@ -101,15 +105,16 @@ def main() -> None:
         for transport in [t for t in args.transports.split(",") if t]:
             url = (f"sip:agent@127.0.0.1:{sip_port}" if transport == "sip"
                    else f"http://127.0.0.1:{port}")
-            rows.append(run_level(pid, url, transport, args.calls, args.seconds))
-    print(f"\n{args.calls} concurrent calls of {args.seconds:g} s per transport, echo plugin. "
+            for count in [int(c) for c in args.calls.split(",") if c]:
+                rows.append(run_level(pid, url, transport, count, args.seconds))
+    print(f"\nConcurrent calls of {args.seconds:g} s per transport, echo plugin. "
           "CPU seconds per call-second; agent on core 0, peer on core 1.\n")
     print("| transport | calls ok | peer, live | peer, measuring after | agent | "
           "agent / peer live | agent / peer all |")
     print("| --- | --- | --- | --- | --- | --- | --- |")
     for row in rows:
         total = row.peer_live + row.peer_measure
-        print(f"| {row.transport} | {row.passed}/{args.calls} | {row.peer_live:.4f} | "
+        print(f"| {row.transport} | {row.passed}/{row.calls} | {row.peer_live:.4f} | "
               f"{row.peer_measure:.4f} | {row.agent:.4f} | {row.agent / row.peer_live:.1f}x | "
               f"{row.agent / total:.1f}x |")
 
