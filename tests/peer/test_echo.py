@@ -1,12 +1,14 @@
 """agent/testing/peer/echo.py: the peer's cheap echo measurement gives what
-`testsignal.measure_echo` gives on the same audio (delays, a dropped frame, a hole, noise)."""
+`testsignal.measure_echo` gives on the same audio (delays, a dropped frame, a hole, noise), and
+hands back the channels as it decimated them."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from agent.testing.peer.echo import measure
+from agent.testing.peer.downsample import downsample
+from agent.testing.peer.echo import measure, measure_keeping
 from agent.testing.testsignal import make_test_signal, measure_echo
 
 RATE = 48000
@@ -60,3 +62,17 @@ def test_nothing_to_measure() -> None:
     assert measure(np.zeros(0, np.float32), make_test_signal(1.0), RATE).correlation == 0.0
     silent = measure(make_test_signal(2.0), np.zeros(RATE * 3, np.float32), RATE)
     assert silent.correlation < 0.5
+
+
+@pytest.mark.parametrize("delay", [4800, 4801, 4805])
+def test_the_decimated_channels_come_back_with_where_they_start(delay: int) -> None:
+    sent = make_test_signal(3.0)
+    received = echoed(sent, delay)
+    echo, decimated = measure_keeping(sent, received, RATE)
+    assert decimated is not None and decimated.factor == 6
+    assert round(echo.lag_seconds * RATE) == delay
+    # `received` is decimated from the sample that makes the lag whole at 8 kHz.
+    assert decimated.received_from == delay % 6
+    assert np.array_equal(decimated.sent, downsample(sent, 6))
+    assert np.array_equal(decimated.received, downsample(received[delay % 6 :], 6))
+    assert measure_keeping(sent[:0], received, RATE)[1] is None

@@ -6,6 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from agent.testing.peer.aligned import CallAudio, shared_low_rate
+from agent.testing.peer.downsample import downsample
 from agent.testing.peer.measure import (
     echo_delay,
     first_loud_time,
@@ -14,7 +16,9 @@ from agent.testing.peer.measure import (
 )
 from agent.testing.peer.recording import Recording
 from agent.testing.peer.report import CallReport
+from agent.testing.peer.run import channel_speech
 from agent.testing.peer.transports.base import PeerCall
+from agent.testing.peer.vad import speech_segments
 from agent.testing.testsignal import make_test_signal
 
 RATE = 48000
@@ -108,3 +112,29 @@ def test_measure_into_fills_the_report_from_a_finished_call() -> None:
     assert (report.packets_received, report.packets_lost) == (99, 1)
     assert report.end_reason == "hangup"
     assert report.first_audio_ms is not None and report.first_audio_ms >= 100.0
+
+
+@pytest.mark.parametrize("sent_start,received_start", [(0.04, 0.2), (0.3, 0.1)])
+def test_the_echos_decimated_channels_serve_the_speech_detection(
+        sent_start: float, received_start: float) -> None:
+    signal = np.concatenate([np.zeros(RATE // 2, np.float32), make_test_signal(2.5),
+                             np.zeros(RATE // 2, np.float32)])
+    sent = recorded(signal, sent_start)
+    received = recorded(np.concatenate([np.zeros(7001, np.float32), signal]), received_start)
+    assert echo_delay(sent, received) is not None
+    audio = CallAudio.of(sent, received)
+    for recording, channel in ((sent, audio.caller), (received, audio.agent)):
+        low = shared_low_rate(recording)
+        assert low is not None and low.factor == 6
+        # It is the timeline itself decimated from sample `low.start`.
+        source = (np.concatenate([np.zeros(-low.start, np.float32), channel]) if low.start < 0
+                  else channel[low.start :])
+        expected = downsample(source, 6)
+        count = min(len(expected), len(low.samples))
+        assert count > 2 * RATE // 6
+        assert np.max(np.abs(low.samples[:count] - expected[:count])) < 1e-5
+        shared = channel_speech(recording, len(channel))
+        own = speech_segments(channel, RATE)
+        assert len(shared) == len(own) == 1
+        assert shared[0].start == pytest.approx(own[0].start, abs=0.001)
+        assert shared[0].end == pytest.approx(own[0].end, abs=0.001)

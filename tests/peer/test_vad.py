@@ -1,12 +1,14 @@
 """Speech segments from webrtcvad (agent/testing/peer/vad.py): edges refined to the sample,
-pauses bridged, clicks dropped, and the online tracker's onsets."""
+pauses bridged, clicks dropped, the same segments from 8 kHz audio handed in, and the online
+tracker's onsets."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from agent.testing.peer.vad import SpeechTracker, mask_segments, speech_segments
+from agent.testing.peer.downsample import downsample
+from agent.testing.peer.vad import SpeechTracker, mask_segments, segments_of, speech_segments
 from tests.peer.speech import RATE, bursts, padded, sharp_burst
 
 
@@ -85,5 +87,28 @@ def test_the_tracker_hears_onsets_and_offsets_as_audio_arrives() -> None:
 
 
 def test_a_rate_the_detector_cannot_take_is_refused() -> None:
-    with pytest.raises(ValueError, match="multiple of 16000"):
+    with pytest.raises(ValueError, match="multiple of 8000"):
         speech_segments(np.zeros(44100, dtype=np.float32), 44100)
+
+
+@pytest.mark.parametrize("low_start", [0, 5, -3, 1201])
+def test_handed_in_8khz_audio_gives_the_same_segments(low_start: int) -> None:
+    # What the echo measurement decimated (from any sample, even before the first) serves
+    # the detector; the refined edges land where the detector's own decimation puts them.
+    audio = bursts([(0.5, 1.3), (2.0, 2.6)], 3.2)
+    own = speech_segments(audio, RATE)
+    source = (np.concatenate([np.zeros(-low_start, np.float32), audio]) if low_start < 0
+              else audio[low_start:])
+    given = segments_of(downsample(source, 6), audio, RATE, low_start)
+    assert len(given) == len(own) == 2
+    for a, b in zip(given, own, strict=True):
+        assert a.start == pytest.approx(b.start, abs=0.001)
+        assert a.end == pytest.approx(b.end, abs=0.001)
+
+
+def test_an_utterance_end_late_in_a_long_call_is_found() -> None:
+    # Two long utterances half a second apart: the pause between them and the end of the
+    # last one are found where they are.
+    audio = bursts([(0.3, 6.0), (6.5, 9.4)], 10.0)
+    segments = speech_segments(audio, RATE)
+    assert [(round(s.start, 1), round(s.end, 1)) for s in segments] == [(0.3, 6.0), (6.5, 9.4)]

@@ -10,18 +10,25 @@
 - jitter: the RFC 3550 interarrival jitter estimate (section 6.4.1) of the received pieces,
   their arrival times against their media positions;
 - packets received and lost where the transport counts them (RTP sequence numbers).
+
+The echo measurement's decimated channels are kept with the recordings
+(`aligned.share_low_rate`) for the speech detection that follows (`run.analyse`).
 """
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass
 
 import numpy as np
 
 from agent.testing.peer import echo as echoes
+from agent.testing.peer.aligned import share_low_rate
 from agent.testing.peer.recording import LOUD_RMS, Recording
 from agent.testing.peer.report import CallReport
 from agent.testing.peer.transports.base import PeerCall
+
+PEAK_BLOCK = 48000  # samples scanned at a time for the first loud one
 
 
 @dataclass
@@ -42,12 +49,22 @@ def first_loud_time(recording: Recording, threshold: float = LOUD_RMS) -> float 
             if loud:
                 return at
         return None
-    samples = recording.samples()
-    offsets = recording.offsets + [len(samples)]
-    for index, at in enumerate(times):
+    samples = recording.joined()
+    offsets = recording.offsets[: len(times)] + [len(samples)]
+    # A piece's RMS is at most its peak, so every piece before the one holding the first
+    # sample above `threshold` is quiet: start looking there (one pass, in blocks).
+    first = None
+    for block in range(0, len(samples), PEAK_BLOCK):
+        above = np.abs(samples[block : block + PEAK_BLOCK]) > threshold
+        if above.any():
+            first = block + int(np.argmax(above))
+            break
+    if first is None:
+        return None
+    for index in range(max(0, bisect.bisect_right(offsets, first) - 1), len(times)):
         piece = samples[offsets[index] : offsets[index + 1]]
-        if len(piece) and float(np.sqrt(np.mean(piece * piece))) > threshold:
-            return at
+        if len(piece) and float(np.sqrt(np.dot(piece, piece) / len(piece))) > threshold:
+            return times[index]
     return None
 
 
@@ -75,12 +92,18 @@ def echo_delay(sent: Recording, received: Recording) -> EchoDelay | None:
     # Both streams placed on the t0 timeline (the later one padded at its start), so the lag
     # found is the delay itself; a lag can then never be negative, however the streams began.
     head = round((received_start - sent_start) * sent.rate)
-    sent_samples, received_samples = sent.samples(), received.samples()
+    sent_samples, received_samples = sent.joined(), received.joined()
     if head > 0:
         received_samples = np.concatenate([np.zeros(head, np.float32), received_samples])
     elif head < 0:
         sent_samples = np.concatenate([np.zeros(-head, np.float32), sent_samples])
-    echo = echoes.measure(sent_samples, received_samples, sent.rate)
+    echo, decimated = echoes.measure_keeping(sent_samples, received_samples, sent.rate)
+    if decimated is not None:
+        # Sample 0 of what was measured is sample -max(0, -head) of the sent recording and
+        # -max(0, head) of the received one.
+        share_low_rate(sent, decimated.sent, -max(0, -head), decimated.factor)
+        share_low_rate(received, decimated.received, decimated.received_from - max(0, head),
+                       decimated.factor)
     return EchoDelay(
         delay_ms=round(echo.lag_seconds * 1000, 1),
         correlation=round(echo.correlation, 3),

@@ -8,12 +8,18 @@ measurement of a call is on.
 
 A load-generating caller may keep counts instead of audio (`keep_audio=False`): the per-frame
 loudness is kept, the samples are not.
+
+What the after-call analysis derives from the kept audio (the pieces joined, laid on the
+timeline, decimated) is computed once and kept with the recording (`derived`) until another
+piece is added, so the measurements and the speech detection share it.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 import av
 import numpy as np
@@ -22,6 +28,8 @@ PEER_RATE = 48000
 GAP_SECONDS = 0.06
 LOUD_RMS_S16 = 300.0  # the test signal is about 8000 RMS; silence and codec noise far below
 LOUD_RMS = LOUD_RMS_S16 / 32768.0
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -39,6 +47,7 @@ class Recording:
     resampler: av.AudioResampler = field(
         default_factory=lambda: av.AudioResampler(format="flt", layout="mono", rate=PEER_RATE)
     )
+    _derived: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     def _note(self, now: float) -> None:
         if self.first_at is None:
@@ -55,6 +64,20 @@ class Recording:
             pcm = frame.to_ndarray().astype(np.float32)
             self.loud.append(float(np.sqrt(np.mean(pcm * pcm))) > LOUD_RMS_S16)
             return
+        if frame.sample_rate == self.rate and frame.layout.nb_channels == 1:
+            # Already mono at the rate: only the sample format to convert, as libswresample
+            # would (s16 / 32768), without its per-frame call; the samples read straight
+            # from the frame's buffer (to_ndarray costs several times the conversion).
+            if frame.format.name == "s16":
+                s16 = np.frombuffer(memoryview(frame.planes[0]), dtype=np.int16,
+                                    count=frame.samples)
+                self._keep(s16.astype(np.float32) * np.float32(1 / 32768))
+                return
+            if frame.format.name == "flt":
+                flt = np.frombuffer(memoryview(frame.planes[0]), dtype=np.float32,
+                                    count=frame.samples)
+                self._keep(flt.copy())
+                return
         frame.pts = None
         for out in self.resampler.resample(frame):
             self._keep(out.to_ndarray().reshape(-1).copy())
@@ -73,6 +96,31 @@ class Recording:
     def _keep(self, chunk: np.ndarray) -> None:
         self.chunks.append(chunk)
         self.kept_samples += len(chunk)
+        self._derived.clear()
+
+    def derived(self, key: str, make: Callable[[], T]) -> T:
+        """`make()`, computed once per `key` while no piece is added (what it returns is
+        shared: arrays should be read-only)."""
+        if key not in self._derived:
+            self._derived[key] = make()
+        value: T = self._derived[key]
+        return value
+
+    def remember(self, key: str, value: object) -> None:
+        """Keep `value` under `key` until another piece is added."""
+        self._derived[key] = value
+
+    def recall(self, key: str) -> Any:
+        """What `remember` kept under `key`, or None."""
+        return self._derived.get(key)
+
+    def joined(self) -> np.ndarray:
+        """`samples()`, computed once and shared (read-only)."""
+        def join() -> np.ndarray:
+            out = self.samples()
+            out.flags.writeable = False
+            return out
+        return self.derived("joined", join)
 
     @property
     def sample_count(self) -> int:
@@ -85,7 +133,7 @@ class Recording:
     def samples(self) -> np.ndarray:
         if not self.chunks:
             return np.zeros(0, dtype=np.float32)
-        return np.concatenate(self.chunks).astype(np.float32)
+        return np.concatenate(self.chunks).astype(np.float32, copy=False)
 
     def times(self) -> list[float]:
         """Each piece's arrival in seconds since the call's t0 (since the first piece when

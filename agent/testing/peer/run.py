@@ -2,8 +2,9 @@
 or `repeat` calls `concurrency` at a time with a progress bar, into a `RunReport`.
 
 After each call: the transport's measurements (`measure.py`), the speech segments of both
-channels (`vad.py`), the checks (`checks.py`), PESQ (`quality.py`), and on request the stereo
-recording and the PNG timeline.
+channels (`vad.py`, on the 8 kHz audio the echo measurement already decimated where it has),
+the checks (`checks.py`), PESQ (`quality.py`), and on request the stereo recording and the PNG
+timeline.
 """
 
 from __future__ import annotations
@@ -20,16 +21,17 @@ import numpy as np
 
 from agent.audio.pcm import float_to_s16
 from agent.testing.peer import checks as judging
-from agent.testing.peer.aligned import CallAudio
+from agent.testing.peer.aligned import CallAudio, on_timeline, shared_low_rate, timeline_length
 from agent.testing.peer.call import place_call
 from agent.testing.peer.measure import measure_into
 from agent.testing.peer.quality import mode_for
 from agent.testing.peer.quality import score as pesq_score
+from agent.testing.peer.recording import Recording
 from agent.testing.peer.report import CallReport, RunReport
 from agent.testing.peer.script import Script
 from agent.testing.peer.steps import ScriptRunner, StepTrace
 from agent.testing.peer.transports.base import PeerCall, PeerError, PeerOptions, open_call
-from agent.testing.peer.vad import Segment, speech_segments
+from agent.testing.peer.vad import VAD_RATE, Placed, Segment, segments_of, speech_segments
 from agent.testing.peer.wav import save_wav
 
 HANGUP_SECONDS = 5.0  # bound on a polite hang-up before the call is just closed
@@ -99,6 +101,18 @@ def turn_latencies(caller: list[Segment], agent: list[Segment]) -> list[float]:
     return out
 
 
+def channel_speech(recording: Recording, length: int) -> list[Segment]:
+    """Speech segments of one channel on its timeline (`length` samples long), from the
+    8 kHz audio the echo measurement already decimated when it kept it with the recording
+    (then without laying the channel out: its joined samples from where they start)."""
+    rate = recording.rate
+    low = shared_low_rate(recording)
+    if low is None or low.factor * VAD_RATE != rate:
+        return speech_segments(on_timeline(recording, length), rate)
+    return segments_of(low.samples, Placed(recording.joined(), low.joined_at, length), rate,
+                       low.start)
+
+
 def write_stereo(path: str, audio: CallAudio) -> None:
     with wave.open(path, "wb") as out:
         out.setnchannels(2)
@@ -121,12 +135,12 @@ def analyse(plan: CallPlan, report: CallReport, call: PeerCall | None,
     if call is None or not report.connected or not call.received.keep_audio:
         report.checks += judging.judge(traces, [], [], 0.0)
         return
-    audio = CallAudio.of(call.sent, call.received)
-    caller = speech_segments(audio.caller, audio.rate)
-    agent = speech_segments(audio.agent, audio.rate)
+    length = max(timeline_length(call.sent), timeline_length(call.received))
+    caller = channel_speech(call.sent, length)
+    agent = channel_speech(call.received, length)
     report.caller_speech = [[s.start, s.end] for s in caller]
     report.agent_speech = [[s.start, s.end] for s in agent]
-    judged = judging.judge(traces, caller, agent, audio.seconds)
+    judged = judging.judge(traces, caller, agent, length / call.sent.rate)
     report.checks += judged
     kinds = {t.step.label: t.step.kind for t in traces}
     if plan.script is not None:
@@ -138,7 +152,11 @@ def analyse(plan: CallPlan, report: CallReport, call: PeerCall | None,
     report.barge_in_stop_ms = [float(c.value) for c in judged
                                if kinds.get(c.name) == "barge_in"
                                and isinstance(c.value, (int, float))]
-    if plan.pesq != "off" and len(caller) and len(agent):
+    scored = plan.pesq != "off" and bool(caller) and bool(agent)
+    if not (scored or plan.record_dir or plan.timeline_dir):
+        return
+    audio = CallAudio.of(call.sent, call.received)  # both channels laid out sample for sample
+    if scored:
         mode = plan.pesq if plan.pesq in ("nb", "wb") else mode_for(report.codec, plan.transport)
         quality = pesq_score(audio.caller, audio.agent, audio.rate, mode)
         report.pesq, report.pesq_mode, report.pesq_error = (quality.score, quality.mode,

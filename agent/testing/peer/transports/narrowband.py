@@ -3,7 +3,10 @@
 The companding tables come from FFmpeg's own `pcm_mulaw`/`pcm_alaw` codecs (through PyAV),
 built once: every 16-bit value encoded and every byte decoded. Per packet the work is then a
 numpy table look-up plus libswresample between 48 kHz and 8 kHz, which keeps a peer placing
-many calls far cheaper than the agent it tests. The agent's own G.711 is not imported: the
+many calls far cheaper than the agent it tests. Audio kept as bytes for after the call
+(`decode_many`) is upsampled in one go by `downsample.upsample` (a zero-phase FIR as matrix
+products, ~14x cheaper than libswresample over a whole call, within -55 dB of its output and
+on the same sample grid). The agent's own G.711 is not imported: the
 peer is a client of the public interfaces, and the layering keeps agent.testing off
 agent.telephony.
 """
@@ -17,6 +20,7 @@ import av
 import numpy as np
 
 from agent.audio.pcm import float_to_s16
+from agent.testing.peer.downsample import upsample
 
 NARROW_RATE = 8000
 SAMPLES_PER_PACKET = 160  # 20 ms at 8 kHz
@@ -96,11 +100,15 @@ class NarrowbandCodec:
 
     def decode_many(self, payloads: list[bytes]) -> list[np.ndarray]:
         """Many payloads decoded in one resampling pass (a call's audio kept for after it):
-        one array per payload, as `decode` would give them one by one."""
+        one array per payload, the length and timing `decode` would give them one by one."""
         if not payloads:
             return []
-        whole = self.decode(b"".join(payloads))
-        whole = np.concatenate([whole, self.flush()])
+        pcm = self._decode_table[np.frombuffer(b"".join(payloads), dtype=np.uint8)]
+        if self.rate % NARROW_RATE:
+            whole = np.concatenate([self.decode(b"".join(payloads)), self.flush()])
+        else:
+            whole = upsample(pcm.astype(np.float32) * np.float32(1 / 32768),
+                             self.rate // NARROW_RATE)
         pieces, start = [], 0
         for payload in payloads:
             end = start + len(payload) * self.rate // NARROW_RATE
