@@ -29,9 +29,11 @@ def test_signal(seconds: float) -> np.ndarray:
 
 async def place_call(url: str, transport: str = "webrtc", options: PeerOptions | None = None,
                      signal: np.ndarray | None = None, seconds: float = 5.0,
-                     ) -> tuple[CallReport, PeerCall | None]:
+                     measure: bool = True) -> tuple[CallReport, PeerCall | None]:
     """(report, the finished call); the call is None when the transport could not be opened.
-    `signal` defaults to the built-in test signal, whose echo delay is then measured."""
+    `signal` defaults to the built-in test signal, whose echo delay is then measured.
+    `measure=False` leaves `measure_into` to the caller (a load run measures its calls once
+    they have all ended)."""
     report = CallReport(transport=transport, url=url)
     builtin = signal is None
     try:
@@ -52,7 +54,8 @@ async def place_call(url: str, transport: str = "webrtc", options: PeerOptions |
         report.error, report.error_code = exc.message, exc.code
     finally:
         await call.close()
-    # Off the event loop: the echo analysis (FFTs over the whole call) would hold up the
-    # pacing of the other calls a load test has in flight.
-    await asyncio.to_thread(measure_into, report, call, builtin)
+    if measure:
+        # Off the event loop: the echo analysis would hold up the pacing of the other calls
+        # a load test has in flight.
+        await asyncio.to_thread(measure_into, report, call, builtin)
     return report, call

@@ -4,7 +4,11 @@ or `repeat` calls `concurrency` at a time with a progress bar, into a `RunReport
 After each call: the transport's measurements (`measure.py`), the speech segments of both
 channels (`vad.py`, on the 8 kHz audio the echo measurement already decimated where it has),
 the checks (`checks.py`), PESQ (`quality.py`), and on request the stereo recording and the PNG
-timeline.
+timeline. In a load run (`repeat` plain calls in the load-test mode, `defer_decoding`) all of
+that waits until the last call has ended: the calls keep what they received as bytes, and
+the analysis (decoding, echo, speech segments: more CPU per call than the live call costs
+the peer) would otherwise compete with the calls still running, the very thing a load test
+must not let its callers do.
 """
 
 from __future__ import annotations
@@ -188,12 +192,32 @@ async def one_call(plan: CallPlan, index: int = 0) -> CallReport:
     return report
 
 
-def _progress(total: int) -> Any:
+def _progress(total: int, desc: str = "calls") -> Any:
     """A tqdm bar on stderr, silent when stderr is not a terminal (CI logs)."""
     from tqdm import tqdm
 
     return tqdm(total=total, unit="call", file=sys.stderr, disable=not sys.stderr.isatty(),
-                desc="calls")
+                desc=desc)
+
+
+def analysed_after_the_run(plan: CallPlan) -> bool:
+    """Whether a load run of `plan` measures its calls only once they have all ended."""
+    return plan.script is None and bool(plan.options.extra.get("defer_decoding"))
+
+
+def _measure_and_analyse(plan: CallPlan, held: list[tuple[CallReport, PeerCall | None]],
+                         progress: bool) -> None:
+    bar = _progress(len(held), "analysing") if progress else None
+    try:
+        for index, (report, call) in enumerate(held):
+            if call is not None:
+                measure_into(report, call, echo=plan.signal is None)
+            analyse(plan, report, call, [], index)
+            if bar is not None:
+                bar.update(1)
+    finally:
+        if bar is not None:
+            bar.close()
 
 
 async def run_calls(plan: CallPlan, repeat: int = 1, concurrency: int = 1,
@@ -202,10 +226,18 @@ async def run_calls(plan: CallPlan, repeat: int = 1, concurrency: int = 1,
     started = time.monotonic()
     gate = asyncio.Semaphore(max(1, concurrency))
     bar = _progress(repeat) if progress else None
+    later = analysed_after_the_run(plan)
+    held: list[tuple[CallReport, PeerCall | None]] = [(CallReport(), None)] * repeat
 
     async def gated(index: int) -> CallReport:
         async with gate:
-            report = await one_call(plan, index)
+            if later:  # measured after the run; until then only a transport error shows
+                report, call = await place_call(plan.url, plan.transport, plan.options,
+                                                signal=plan.signal, seconds=plan.seconds,
+                                                measure=False)
+                held[index] = (report, call)
+            else:
+                report = await one_call(plan, index)
         if bar is not None:
             bar.update(1)
             bar.set_postfix(failed=sum(1 for r in done if not r.ok) + (not report.ok))
@@ -218,5 +250,7 @@ async def run_calls(plan: CallPlan, repeat: int = 1, concurrency: int = 1,
     finally:
         if bar is not None:
             bar.close()
+    if later:
+        await asyncio.to_thread(_measure_and_analyse, plan, held, progress)
     return RunReport(calls=list(reports), seconds=time.monotonic() - started,
                      concurrency=concurrency)
