@@ -11,6 +11,7 @@ it can play pre-encoded packets and decode after the call (`PreencodedSignalTrac
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import time
 from fractions import Fraction
@@ -74,6 +75,14 @@ def audio_frame(chunk: np.ndarray, pts: int) -> av.AudioFrame:
     frame.pts = pts
     frame.time_base = Fraction(1, PEER_RATE)
     return frame
+
+
+@functools.lru_cache(maxsize=8)
+def silence_payload(codec: str) -> bytes:
+    """20 ms of silence in `codec`, encoded once per process (every call sends it between
+    what it plays). KeyError or ValueError for a codec the encoder does not know."""
+    encoder = InlineAudioEncoder(f"audio/{codec}", PEER_RATE)
+    return bytes(encoder.encode(np.zeros(CHUNK, dtype=np.int16)))
 
 
 class SignalTrack(MediaStreamTrack):
@@ -428,16 +437,18 @@ class WebRtcCall(PeerCall):
     def _preencode(self, codec: str) -> tuple[int, int]:
         """Queue audio encoded from now on; (RTP clock rate, ticks per packet)."""
         try:
-            encoder = InlineAudioEncoder(f"audio/{codec}", PEER_RATE)
+            silence = silence_payload(codec)
         except (KeyError, ValueError) as exc:
             raise PeerError(UNSUPPORTED, f"unknown codec {codec}: {exc}") from None
+        encoders: list[InlineAudioEncoder] = []  # the call's own, made when first needed
 
         def encode(samples: np.ndarray) -> list[bytes]:
+            if not encoders:
+                encoders.append(InlineAudioEncoder(f"audio/{codec}", PEER_RATE))
             pcm = float_to_s16(samples)
-            return [bytes(encoder.encode(pcm[i : i + CHUNK]))
+            return [bytes(encoders[0].encode(pcm[i : i + CHUNK]))
                     for i in range(0, len(pcm) - CHUNK + 1, CHUNK)]
 
-        silence = encode(np.zeros(CHUNK, dtype=np.float32))[0]
         self.preencode(EncodedPlayback(encode, CHUNK, silence, f"{codec}/{PEER_RATE}"))
         clock_rate = 48000 if codec.lower() == "opus" else 8000
         return clock_rate, CHUNK * clock_rate // PEER_RATE
