@@ -112,8 +112,11 @@ async def test_a_polled_rtp_socket_keeps_each_packets_kernel_arrival_time() -> N
         assert stream.packets_received == 0 and len(stream._kept) == 1
         arrived = stream._kept[0][0]
         assert sent_at - 0.001 <= arrived < read_at - 0.05
-        stream.publish()
-        assert stream.packets_received == 1 and stream._deferred[0][0] == arrived
+        stream.publish()  # after the call: parsed, counted and decoded with the recordings
+        assert stream.packets_received == 0 and call.packets_received is None
+        call.finish_recordings()
+        assert stream.packets_received == call.packets_received == 1
+        assert call.received.arrivals == [arrived]
     finally:
         sender.close()
         await stream.close()

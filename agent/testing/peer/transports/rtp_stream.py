@@ -361,17 +361,28 @@ class RtpStream:
         return self._jitter if self._last_transit is not None else None
 
     def publish(self) -> None:
-        """Copy the statistics onto the call (the packets kept as they came parsed and
-        counted first); audio kept as bytes is decoded when the call's recordings are finished
-        (after the call: `PeerCall.finish_recordings`)."""
-        kept, self._kept = self._kept, []
-        for arrived, data, source in kept:
-            self.on_datagram(data, (source[0], source[1]), arrived)
+        """Copy the statistics onto the call; packets kept as they came (load-test mode) are
+        parsed and counted, and audio kept as bytes decoded, when the call's recordings are
+        finished (after the call: `PeerCall.finish_recordings`)."""
+        if self._kept:
+            self.call.defer_until_finished(self._finish_kept)
+            return
+        self._publish_statistics()
+        if self._deferred:
+            self.call.defer_until_finished(self._decode_deferred)
+
+    def _publish_statistics(self) -> None:
         self.call.packets_received = self.packets_received
         self.call.packets_lost = self.packets_lost
         self.call.jitter = self.jitter
+
+    def _finish_kept(self) -> None:
+        kept, self._kept = self._kept, []
+        for arrived, data, source in kept:
+            self.on_datagram(data, (source[0], source[1]), arrived)
+        self._publish_statistics()
         if self._deferred:
-            self.call.defer_until_finished(self._decode_deferred)
+            self._decode_deferred()
 
     def _decode_deferred(self) -> None:
         decoded = self.decoder.decode_many([payload for _, payload in self._deferred])
