@@ -14,6 +14,22 @@ becomes an event on the call's timeline as `{"type": "media_stream.<event>", ...
 This protocol has no room for the agent's other events, nor does it tell the bridge the
 agent's call id, so the sideband (sideband.py) is opened only for a call id given in
 `PeerOptions.extra["sideband_call_id"]`.
+
+What a call costs the peer (a load test should measure the agent, not its callers): the
+`media` messages of every call of the process go out on one shared 20 ms tick (send_tick.py;
+each call its own `Pacer`), each a template filled with the chunk number and the base64 of
+a payload encoded when it was queued, written by driving aiohttp's send coroutine in place
+(inline_send.py) rather than from a task per call; in a load test by aiohttp's frame writer
+itself (a private method, checked for when connecting; `send_str` where it is not there).
+With `extra["defer_decoding"]` (a load test without a script: nothing reads the agent's
+audio during the call) the agent's `media` messages are kept as text with their arrival
+times and parsed and decoded after the call (`PeerCall.finish_recordings`): they are taken
+off the websocket as they arrive (websocket_tap.py), not through a receive loop woken for
+each, and the connection is read on one 5 ms poll for every call (receive_poll.py) with the
+kernel's arrival times, not on a wake-up of the event loop per message. The agent's first
+message of another kind (a mark, an error, `stop`, the close) hands the call over to the
+ordinary receive loop, so events are on the timeline when they arrive and an agent that
+closes the websocket ends the call with `remote_hangup`, as without a load test.
 """
 
 from __future__ import annotations
@@ -21,9 +37,12 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import bisect
+import inspect
 import json
 import secrets
 import time
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlparse, urlunparse
 
@@ -31,6 +50,7 @@ import aiohttp
 
 from agent.audio.clock import MonotonicClock
 from agent.audio.pacer import Pacer
+from agent.audio.pcm import PTIME
 from agent.testing.peer.transports.base import (
     BAD_URL,
     CLOSED,
@@ -42,13 +62,24 @@ from agent.testing.peer.transports.base import (
     PeerCall,
     PeerError,
     PeerOptions,
+    TimedEvent,
 )
+from agent.testing.peer.transports.inline_send import InlineSend
 from agent.testing.peer.transports.narrowband import NarrowbandCodec, codec_name
+from agent.testing.peer.transports.receive_poll import PolledConnection, receive_poll
+from agent.testing.peer.transports.send_tick import send_tick
 from agent.testing.peer.transports.sideband import Sideband
+from agent.testing.peer.transports.websocket_tap import WebsocketTap
 
 DEFAULT_PATH = "/v1/telephony/media-stream"
 ENCODINGS = {"PCMU": "audio/x-mulaw", "PCMA": "audio/x-alaw"}
 DTMF_DIGITS = "0123456789*#ABCD"
+# Bytes the connection may hold unsent before the media sends wait for it to drain (aiohttp's
+# writer waits past the same 64 KiB).
+SEND_BUFFER_LIMIT = 64 * 1024
+# How a media message starts as json.dumps writes it (the agent's) or compact: kept as text
+# in a load test and parsed after the call; any other message is parsed when it comes.
+MEDIA_PREFIXES = ('{"event": "media",', '{"event":"media",')
 
 
 def websocket_url(url: str) -> str:
@@ -59,6 +90,42 @@ def websocket_url(url: str) -> str:
                         "ws(s):// URL")
     path = parsed.path if parsed.path.rstrip("/") else DEFAULT_PATH
     return urlunparse((scheme, parsed.netloc, path, "", parsed.query, ""))
+
+
+class MediaTemplate:
+    """A call's `media` messages without a dict and json.dumps each: the text json.dumps
+    writes for `{"event": "media", "streamSid": ..., "media": {"track": "inbound", "chunk":
+    ..., "payload": ...}}` (the stream id and base64 need no escaping), filled in."""
+
+    def __init__(self, stream_sid: str) -> None:
+        if not stream_sid.isalnum():
+            raise ValueError("a stream id of letters and digits only")
+        self._head = ('{"event": "media", "streamSid": "' + stream_sid
+                      + '", "media": {"track": "inbound", "chunk": "')
+
+    def fill(self, chunk: int, payload: bytes) -> str:
+        return (self._head + str(chunk) + '", "payload": "'
+                + base64.b64encode(payload).decode("ascii") + '"}}')
+
+
+FrameWrite = Callable[[bytes, int, int], None]
+
+
+def aiohttp_frame_writer(socket: Any) -> tuple[FrameWrite, asyncio.WriteTransport] | None:
+    """aiohttp's own frame writer of a client websocket (framing and masking, no coroutine
+    around it) and the transport it writes to; None where they are not as expected (another
+    aiohttp version, compression): the sends then go through `send_str`."""
+    writer = getattr(socket, "_writer", None)
+    write: Any = getattr(writer, "_write_websocket_frame", None)
+    transport: Any = getattr(writer, "transport", None)
+    if (not callable(write) or getattr(writer, "compress", None)
+            or not callable(getattr(transport, "get_write_buffer_size", None))):
+        return None
+    try:
+        names = list(inspect.signature(write).parameters)
+    except (TypeError, ValueError):
+        return None
+    return (write, transport) if names == ["message", "opcode", "rsv"] else None
 
 
 def custom_parameters(session: dict[str, Any] | None) -> dict[str, str]:
@@ -78,9 +145,19 @@ class MediaStreamCall(PeerCall):
         self._http: aiohttp.ClientSession | None = None
         self._socket: aiohttp.ClientWebSocketResponse | None = None
         self._marks = 0
-        # A load test without a script: keep the agent's audio as bytes, decode after the call.
+        # A load test without a script: keep the agent's media messages as text, parse and
+        # decode them after the call.
         self._defer_decoding = bool(self.options.extra.get("defer_decoding", False))
-        self._deferred: list[tuple[float, bytes]] = []
+        self._deferred: list[tuple[float, str]] = []
+        self._template = MediaTemplate(self.stream_sid)
+        self._chunk = 1
+        self._pacer = Pacer(MonotonicClock(), PTIME)
+        self._sender = InlineSend()
+        self._frames: tuple[FrameWrite, asyncio.WriteTransport] | None = None
+        self._leave_tick: Callable[[], None] | None = None
+        self._tap: WebsocketTap | None = None
+        self._polled: PolledConnection | None = None
+        self._receiving: asyncio.Future[None] | None = None
 
     async def connect(self) -> None:
         self.start_clock()
@@ -123,8 +200,15 @@ class MediaStreamCall(PeerCall):
             },
         })
         self.connected_at = self.now()
-        self._tasks.append(asyncio.ensure_future(self._receive()))
-        self._tasks.append(asyncio.ensure_future(self._send_audio()))
+        if self._defer_decoding:
+            self._frames = aiohttp_frame_writer(self._socket)
+            self._tap = WebsocketTap.install(self._socket, MEDIA_PREFIXES, self._keep_media,
+                                             self._start_receiving)
+        if self._tap is None:
+            self._start_receiving()
+        elif self._tap.transport is not None:
+            self._polled = receive_poll().take(self._tap.transport, self._tap.deliver)
+        self._start_sending()
         # The Twilio protocol never names the agent's call id, so there is no sideband to
         # open unless the caller names the call (`extra["sideband_call_id"]`).
         self._sideband = await self._open_sideband(headers)
@@ -151,39 +235,79 @@ class MediaStreamCall(PeerCall):
         except (ConnectionError, RuntimeError) as exc:
             raise PeerError(CLOSED, f"the media-stream websocket is closed ({exc})") from None
 
-    async def _send_audio(self) -> None:
-        pacer = Pacer(MonotonicClock(), 0.02)
-        chunk = 1
-        while True:
-            await pacer.wait_next()
-            payload = self.next_payload()
-            chunk += 1
-            try:
-                await self._send({
-                    "event": "media", "streamSid": self.stream_sid,
-                    "media": {"track": "inbound", "chunk": str(chunk),
-                              "payload": base64.b64encode(payload).decode("ascii")},
-                })
-            except PeerError:
+    def _start_sending(self) -> None:
+        """The first media message now (as a sender of its own would), the next ones on the
+        shared tick."""
+        now = time.monotonic()
+        self._send_due(now, now)
+        if self._leave_tick is None and not self._closing:
+            self._leave_tick = send_tick().join(self._send_due)
+
+    def _stop_sending(self) -> None:
+        if self._leave_tick is not None:
+            self._leave_tick()
+            self._leave_tick = None
+        self._sender.close()
+
+    def _send_due(self, tick_at: float, now: float) -> None:
+        """On the shared tick: the media messages now due (normally one), unless the last
+        send still waits for the websocket's buffer to drain. In a load test each is written
+        by aiohttp's frame writer directly (`aiohttp_frame_writer`), the buffer checked here
+        instead of in `send_str`."""
+        frames = self._frames
+        if not self._sender.ready() or (
+                frames is not None and frames[1].get_write_buffer_size() > SEND_BUFFER_LIMIT):
+            return
+        for _ in range(self._pacer.take_due(tick_at, now)):
+            socket = self._socket
+            if socket is None or socket.closed or self._sender.error is not None:
+                self._stop_sending()  # as a sender of its own stops at a closed socket
                 return
+            self._chunk += 1
+            text = self._template.fill(self._chunk, self.next_payload(now))
+            if frames is not None:
+                try:
+                    frames[0](text.encode(), aiohttp.WSMsgType.TEXT, 0)
+                except (ConnectionError, RuntimeError):
+                    self._stop_sending()
+                    return
+            elif not self._sender.run(socket.send_str(text)):
+                return  # waiting for the buffer: the next sends wait for it
+
+    def _start_receiving(self) -> None:
+        """The receive loop (at once, or once the tap hands over)."""
+        if self._receiving is None and not self._closing:
+            self._receiving = asyncio.ensure_future(self._receive())
+            self._tasks.append(self._receiving)
+
+    def _keep_media(self, arrived: float, data: str) -> None:
+        self._deferred.append((arrived, data))
 
     async def _receive(self) -> None:
         assert self._socket is not None
+        deferred = self._deferred if self._defer_decoding else None
         async for message in self._socket:
             if message.type != aiohttp.WSMsgType.TEXT:
                 continue
-            try:
-                body = json.loads(message.data)
-            except ValueError:
-                self.add_event({"type": "media_stream.unreadable", "data": message.data[:200]})
-                continue
-            if not isinstance(body, dict):
-                continue
-            self._on_message(body)
+            data = message.data
+            arrived = time.monotonic()
+            if deferred is not None and _is_media(data):
+                deferred.append((arrived, data))
+            elif self._on_text(data, arrived) is not None and deferred is not None:
+                deferred.append((arrived, data))  # media written otherwise: parsed again after
         if not self._closing:
             self.mark_ended("remote_hangup")
 
-    def _on_message(self, body: dict[str, Any]) -> None:
+    def _on_text(self, data: str, arrived: float) -> bytes | None:
+        """One text message from the agent: a media message's audio (decoded into `received`
+        unless decoding is deferred), None for the others (events on the timeline)."""
+        try:
+            body = json.loads(data)
+        except ValueError:
+            self._add_event({"type": "media_stream.unreadable", "data": data[:200]}, arrived)
+            return None
+        if not isinstance(body, dict):
+            return None
         kind = str(body.get("event"))
         if kind == "media":
             media = body.get("media")
@@ -191,17 +315,24 @@ class MediaStreamCall(PeerCall):
             try:
                 audio = base64.b64decode(str(payload), validate=True)
             except (binascii.Error, ValueError):
-                self.add_event({"type": "media_stream.bad_media", "payload": str(payload)[:80]})
-                return
-            if self._defer_decoding:
-                self._deferred.append((time.monotonic(), audio))
-            else:
-                self.received.add_samples(self._decoder.decode(audio))
-            return
+                self._add_event({"type": "media_stream.bad_media",
+                                 "payload": str(payload)[:80]}, arrived)
+                return None
+            if not self._defer_decoding:  # otherwise the caller keeps it for after the call
+                self.received.add_samples(self._decoder.decode(audio), arrived)
+            return audio
         if kind == "error":
-            self.add_event({"type": "error", "error": body.get("error"),
-                            "transport": self.transport})
-        self.add_event({**body, "type": f"media_stream.{kind}"})
+            self._add_event({"type": "error", "error": body.get("error"),
+                             "transport": self.transport}, arrived)
+        self._add_event({**body, "type": f"media_stream.{kind}"}, arrived)
+        return None
+
+    def _add_event(self, event: dict[str, Any], arrived: float) -> None:
+        """An event at its arrival; one parsed after the call goes in its place in time."""
+        timed = self.add_event(event, arrived)
+        if self.events and self.events[-1] is timed:
+            self.events.pop()
+            bisect.insort_right(self.events, timed, key=_event_time)
 
     async def send_dtmf(self, digits: str) -> None:
         """One `dtmf` message per digit, 100 ms apart (as a bridge relays key presses)."""
@@ -240,8 +371,13 @@ class MediaStreamCall(PeerCall):
             pass
 
     async def close(self) -> None:
+        self._stop_sending()
         if not await self.begin_close():
             return
+        if self._tap is not None:
+            self._tap.detach()
+        if self._polled is not None:
+            self._polled.release()  # the transport reads the close handshake
         if self._socket is not None:
             await self._socket.close()
         if self._http is not None:
@@ -250,7 +386,24 @@ class MediaStreamCall(PeerCall):
             self.defer_until_finished(self._decode_deferred)
 
     def _decode_deferred(self) -> None:
-        decoded = self._decoder.decode_many([audio for _, audio in self._deferred])
-        for (arrived, _), samples in zip(self._deferred, decoded, strict=True):
+        """The agent's media messages kept during the call: parsed, then decoded in one
+        pass, each at its arrival time."""
+        kept, self._deferred = self._deferred, []
+        arrivals: list[float] = []
+        payloads: list[bytes] = []
+        for arrived, data in kept:
+            audio = self._on_text(data, arrived)
+            if audio is not None:
+                arrivals.append(arrived)
+                payloads.append(audio)
+        decoded = self._decoder.decode_many(payloads)
+        for arrived, samples in zip(arrivals, decoded, strict=True):
             self.received.add_samples(samples, arrived)
-        self._deferred = []
+
+
+def _is_media(data: str) -> bool:
+    return data.startswith(MEDIA_PREFIXES)
+
+
+def _event_time(timed: TimedEvent) -> float:
+    return timed.t

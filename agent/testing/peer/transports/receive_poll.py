@@ -1,0 +1,212 @@
+"""Stream connections read on one 5 ms poll per event loop, with the kernel's arrival times,
+instead of a wake-up of the event loop for every message.
+
+The agent paces each call's messages on its own 20 ms timeline, so with tens of calls in one
+peer process their messages arrive spread over the 20 ms and each costs the peer a wake-up of
+its event loop (a context switch, a pass of the loop, a read): most of what receiving costs
+it. Here a connection's transport stops reading (`pause_reading`, asyncio's own flow
+control) and its socket (a duplicate of the descriptor) goes into one `epoll` set, drained
+every 5 ms: one wake-up reads every connection that has data, each read handed on with its
+arrival time (`deliver(data, arrived)`), as the transport would hand it to its protocol.
+
+Arrival times come from the kernel (`SO_TIMESTAMPNS`, which TCP reports for the last segment
+a read takes), so a message read alone keeps its exact arrival, not the poll's time. TCP
+merges segments that wait together in a socket, so two messages of one connection that
+arrive within the same 5 ms (a burst after a stall) share the later one's time, less than
+5 ms off. Where `deliver` says to stop, or the socket ends or fails, the connection goes back
+to its transport (`resume_reading`), which then reads it as before (and sees the end itself).
+Linux and plain TCP only (epoll, the timestamps, bytes as they come off the socket): for TLS
+or elsewhere `take` returns None and the transport reads.
+
+asyncio has no such batched read, hence this module.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import select
+import socket
+import struct
+import sys
+import time
+import weakref
+from collections.abc import Callable
+
+from agent.task_owner import TaskOwner
+
+log = logging.getLogger(__name__)
+
+POLL_SECONDS = 0.005
+READ_BYTES = 256 * 1024  # what asyncio's socket transport reads at a time
+TIMESPEC = struct.Struct("@qq")  # struct timespec of an SO_TIMESTAMPNS control message
+# Linux's SO_TIMESTAMPNS (asm-generic/socket.h), which Python's socket module does not name.
+SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35 if sys.platform == "linux" else None)
+ANCILLARY_BYTES = socket.CMSG_SPACE(TIMESPEC.size) if hasattr(socket, "CMSG_SPACE") else 0
+
+# Bytes read and when they arrived (monotonic); False: stop polling this connection.
+Deliver = Callable[[bytes, float], bool]
+
+
+class PolledConnection:
+    """One connection read by the poll; `release` gives it back to its transport."""
+
+    def __init__(self, poll: ReceivePoll, transport: asyncio.Transport, sock: socket.socket,
+                 deliver: Deliver) -> None:
+        self._poll = poll
+        self._transport = transport
+        self._socket: socket.socket | None = sock
+        self._deliver = deliver
+        self.reads = 0
+
+    def drain(self, offset: float) -> None:
+        """Every read waiting on the socket (`offset`: wall clock minus monotonic)."""
+        sock = self._socket
+        while sock is not None:
+            try:
+                data, ancillary, _, _ = sock.recvmsg(READ_BYTES, ANCILLARY_BYTES)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:  # reset: the transport reads it again and sees the end
+                self.release()
+                return
+            if not data:  # the end: left for the transport to see
+                self.release()
+                return
+            arrived = time.monotonic()
+            for level, kind, value in ancillary:
+                if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS:
+                    seconds, nanoseconds = TIMESPEC.unpack_from(value)
+                    arrived = seconds + nanoseconds * 1e-9 - offset
+            self.reads += 1
+            if not self._deliver(data, arrived):
+                self.release()
+                return
+            if len(data) < READ_BYTES:  # a stream read takes all there is: empty now
+                return
+            sock = self._socket
+
+    def release(self) -> None:
+        """Back to the transport, which reads from now on (once; safe after a close)."""
+        if self._stop() and not self._transport.is_closing():
+            self._transport.resume_reading()
+
+    def close(self) -> None:
+        """Stop polling without handing reads back (the connection is closing)."""
+        self._stop()
+
+    def _stop(self) -> bool:
+        sock, self._socket = self._socket, None
+        if sock is None:
+            return False
+        self._poll.forget(sock)
+        sock.close()
+        return True
+
+
+class ReceivePoll:
+    def __init__(self, period: float = POLL_SECONDS) -> None:
+        self.period = period
+        self._epoll: select.epoll | None = None
+        self._connections: dict[int, PolledConnection] = {}
+        self._tasks = TaskOwner("receive-poll")
+        self._running: asyncio.Task[None] | None = None
+
+    def __len__(self) -> int:
+        return len(self._connections)
+
+    def take(self, transport: asyncio.Transport, deliver: Deliver) -> PolledConnection | None:
+        """Read `transport`'s socket here from now on; None where it cannot be (not Linux, no
+        socket, a transport that cannot pause): the transport reads on."""
+        if SO_TIMESTAMPNS is None or not hasattr(select, "epoll") or transport.is_closing():
+            return None
+        if transport.get_extra_info("ssl_object") is not None:
+            return None  # TLS: the socket carries records the transport must decrypt
+        shared = transport.get_extra_info("socket")
+        if shared is None or not hasattr(shared, "dup"):
+            return None
+        try:
+            sock = shared.dup()
+        except OSError:
+            return None
+        try:
+            sock.setblocking(False)
+            sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+            if self._epoll is None:
+                self._epoll = select.epoll()
+            self._epoll.register(sock.fileno(), select.EPOLLIN)
+            transport.pause_reading()
+        except (OSError, RuntimeError, AttributeError, NotImplementedError):
+            self._unregister(sock)
+            sock.close()
+            return None
+        connection = PolledConnection(self, transport, sock, deliver)
+        self._connections[sock.fileno()] = connection
+        if self._running is None or self._running.done():
+            self._running = self._tasks.spawn(self._run(), "reads")
+        return connection
+
+    def forget(self, sock: socket.socket) -> None:
+        self._connections.pop(sock.fileno(), None)
+        self._unregister(sock)
+
+    def _unregister(self, sock: socket.socket) -> None:
+        # Before the duplicate closes: an epoll entry lives as long as the socket does, and
+        # the transport's own descriptor keeps it alive.
+        if self._epoll is not None:
+            try:
+                self._epoll.unregister(sock.fileno())
+            except (OSError, ValueError):
+                pass
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        anchor = loop.time()
+        tick = 0
+        try:
+            while self._connections:
+                tick += 1
+                due = anchor + tick * self.period
+                now = loop.time()
+                if now - due > self.period:  # fell behind: the next tick from now
+                    tick = int((now - anchor) / self.period) + 1
+                    due = anchor + tick * self.period
+                await asyncio.sleep(due - now)
+                self.poll()
+        finally:
+            if self._epoll is not None and not self._connections:
+                self._epoll.close()
+                self._epoll = None
+
+    def poll(self) -> None:
+        """Drain every connection with data waiting (the tick's work, callable directly)."""
+        if self._epoll is None:
+            return
+        offset = time.time() - time.monotonic()
+        for fd, _ in self._epoll.poll(0):
+            connection = self._connections.get(fd)
+            if connection is None:
+                continue
+            try:
+                connection.drain(offset)
+            except Exception:  # one broken reader must not stop the others
+                log.exception("a polled connection failed; handing it back to its transport")
+                connection.release()
+
+    def close(self) -> None:
+        for connection in list(self._connections.values()):
+            connection.release()
+        self._tasks.cancel_all()
+
+
+_polls: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, ReceivePoll] = (
+    weakref.WeakKeyDictionary())
+
+
+def receive_poll() -> ReceivePoll:
+    """The running loop's one receive poll."""
+    loop = asyncio.get_running_loop()
+    poll = _polls.get(loop)
+    if poll is None:
+        poll = _polls[loop] = ReceivePoll()
+    return poll

@@ -1,0 +1,33 @@
+"""One 20 ms tick per event loop for the peer's paced websocket senders.
+
+A call with a send task of its own wakes 50 times a second through asyncio's sleep (a timer
+handle, a future, a task step): with tens of calls in one peer process those wake-ups are a
+large part of what a call costs the peer, and a load test should measure the agent, not its
+callers. Here every media-stream call of the loop joins one `SendClock`
+(agent/audio/send_clock.py) with a single phase, so one wake-up every 20 ms sends for all of
+them; each call keeps its own `Pacer` (`Pacer.take_due`), so its send times, catch-up after
+a short stall and restart after a long one are those of a task of its own. The RTP streams
+of the peer have their own clock (`rtp_stream.shared_send_clock`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import weakref
+
+from agent.audio.clock import MonotonicClock
+from agent.audio.pcm import PTIME
+from agent.audio.send_clock import SendClock
+
+_clocks: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, SendClock] = (
+    weakref.WeakKeyDictionary())
+
+
+def send_tick() -> SendClock:
+    """The running loop's one 20 ms send clock (created on first use, one phase: the peer
+    wants the fewest wake-ups, not the agent's load spread over phases)."""
+    loop = asyncio.get_running_loop()
+    clock = _clocks.get(loop)
+    if clock is None:
+        clock = _clocks[loop] = SendClock(MonotonicClock(), PTIME, phases=1)
+    return clock
