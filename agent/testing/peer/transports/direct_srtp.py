@@ -10,7 +10,7 @@ call, so once ICE and DTLS are up (still aiortc's: the handshake, the keys, cons
 freshness, RTCP and the data channel stay on its path) this takes the call's audio off it:
 
 - sending: every call of the process is driven by the peer's one shared 20 ms tick
-  (`rtp_stream.shared_send_clock`); per packet a 12-byte header packed directly (the
+  (`send_tick.py`); per packet a 12-byte header packed directly (the
   sender's SSRC and the negotiated payload type, which the agent routes on; no header
   extensions), libsrtp's protect with the transport's own session, one `sendto` to the
   nominated pair;
@@ -37,7 +37,6 @@ import logging
 import secrets
 import socket
 import struct
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -54,13 +53,15 @@ from agent.audio.pcm import PTIME
 from agent.rtc_tuning import InlineAudioDecoding
 from agent.rtc_tuning.source_check import source_of
 from agent.testing.peer.recording import Recording
-from agent.testing.peer.transports.base import PeerCall
-from agent.testing.peer.transports.rtp_stream import (
-    MAX_DATAGRAM,
-    SO_TIMESTAMPNS,
-    TIMESPEC,
-    shared_send_clock,
+from agent.testing.peer.transports.arrival import (
+    ANCILLARY_BYTES,
+    arrival,
+    stamp_arrivals,
+    wall_offset,
 )
+from agent.testing.peer.transports.base import PeerCall
+from agent.testing.peer.transports.rtp_stream import MAX_DATAGRAM
+from agent.testing.peer.transports.send_tick import send_tick
 
 log = logging.getLogger(__name__)
 
@@ -96,7 +97,7 @@ class DirectSrtp:
         self.packets: list[bytes] = []
         self.send_errors = 0
         self._socket: socket.socket | None = None  # the ICE socket's duplicate, read here
-        self._offset = time.time() - time.monotonic()
+        self._offset = wall_offset()
 
     @staticmethod
     @functools.cache
@@ -135,15 +136,14 @@ class DirectSrtp:
             log.warning("the ICE socket cannot be read directly: the load-test media stays "
                         "on aiortc's path")
             return None
-        direct._leave = shared_send_clock().join(direct._send_due)
+        direct._leave = send_tick().join(direct._send_due)
         return direct
 
     def _read_socket(self) -> None:
         transport = self._protocol.transport
         sock = transport.get_extra_info("socket").dup()  # shares the socket and O_NONBLOCK
         try:
-            if SO_TIMESTAMPNS is not None:
-                sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+            stamp_arrivals(sock)
             transport.pause_reading()
             asyncio.get_running_loop().add_reader(sock.fileno(), self._readable)
         except BaseException:
@@ -158,17 +158,13 @@ class DirectSrtp:
         if self._socket is None:
             return
         try:
-            data, ancillary, _, source = self._socket.recvmsg(MAX_DATAGRAM, 64)
+            data, ancillary, _, source = self._socket.recvmsg(MAX_DATAGRAM, ANCILLARY_BYTES)
         except (BlockingIOError, InterruptedError):
             return
         except OSError as exc:  # an ICMP error for an earlier send
             self._protocol.error_received(exc)
             return
-        arrived = time.monotonic()
-        for level, kind, value in ancillary:
-            if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS:
-                seconds, nanoseconds = TIMESPEC.unpack_from(value)
-                arrived = seconds + nanoseconds * 1e-9 - self._offset
+        arrived = arrival(ancillary, self._offset)
         if is_srtp(data):
             self.arrivals.append(arrived)
             self.packets.append(data)

@@ -27,22 +27,22 @@ import asyncio
 import logging
 import select
 import socket
-import struct
-import sys
-import time
 import weakref
 from collections.abc import Callable
 
 from agent.task_owner import TaskOwner
+from agent.testing.peer.transports.arrival import (
+    ANCILLARY_BYTES,
+    SO_TIMESTAMPNS,
+    arrival,
+    stamp_arrivals,
+    wall_offset,
+)
 
 log = logging.getLogger(__name__)
 
 POLL_SECONDS = 0.005
 READ_BYTES = 256 * 1024  # what asyncio's socket transport reads at a time
-TIMESPEC = struct.Struct("@qq")  # struct timespec of an SO_TIMESTAMPNS control message
-# Linux's SO_TIMESTAMPNS (asm-generic/socket.h), which Python's socket module does not name.
-SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35 if sys.platform == "linux" else None)
-ANCILLARY_BYTES = socket.CMSG_SPACE(TIMESPEC.size) if hasattr(socket, "CMSG_SPACE") else 0
 
 # Bytes read and when they arrived (monotonic); False: stop polling this connection.
 Deliver = Callable[[bytes, float], bool]
@@ -73,11 +73,7 @@ class PolledConnection:
             if not data:  # the end: left for the transport to see
                 self.release()
                 return
-            arrived = time.monotonic()
-            for level, kind, value in ancillary:
-                if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS:
-                    seconds, nanoseconds = TIMESPEC.unpack_from(value)
-                    arrived = seconds + nanoseconds * 1e-9 - offset
+            arrived = arrival(ancillary, offset)
             self.reads += 1
             if not self._deliver(data, arrived):
                 self.release()
@@ -131,7 +127,8 @@ class ReceivePoll:
             return None
         try:
             sock.setblocking(False)
-            sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+            if not stamp_arrivals(sock):
+                raise OSError("no arrival stamps")
             if self._epoll is None:
                 self._epoll = select.epoll()
             self._epoll.register(sock.fileno(), select.EPOLLIN)
@@ -182,7 +179,7 @@ class ReceivePoll:
         """Drain every connection with data waiting (the tick's work, callable directly)."""
         if self._epoll is None:
             return
-        offset = time.time() - time.monotonic()
+        offset = wall_offset()
         for fd, _ in self._epoll.poll(0):
             connection = self._connections.get(fd)
             if connection is None:

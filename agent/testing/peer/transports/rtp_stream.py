@@ -30,7 +30,6 @@ import secrets
 import select
 import socket
 import struct
-import sys
 import time
 import weakref
 from collections import deque
@@ -42,13 +41,19 @@ from aiortc.rtp import RtpPacket
 
 from agent.audio.clock import MonotonicClock
 from agent.audio.pacer import Pacer
-from agent.audio.send_clock import SendClock
+from agent.testing.peer.transports.arrival import (
+    ANCILLARY_BYTES,
+    arrival,
+    stamp_arrivals,
+    wall_offset,
+)
 from agent.testing.peer.transports.base import EncodedPlayback, PeerCall
 from agent.testing.peer.transports.narrowband import (
     NARROW_RATE,
     SAMPLES_PER_PACKET,
     NarrowbandCodec,
 )
+from agent.testing.peer.transports.send_tick import send_tick
 from agent.testing.peer.transports.telephone_events import (
     PAUSE_PACKETS,
     DigitDetector,
@@ -59,26 +64,7 @@ from agent.testing.peer.transports.telephone_events import (
 Address = tuple[str, int]
 MAX_DATAGRAM = 2048
 RTP_HEADER = struct.Struct("!BBHII")
-TIMESPEC = struct.Struct("@qq")  # struct timespec of an SO_TIMESTAMPNS control message
-# Linux's SO_TIMESTAMPNS (asm-generic/socket.h), which Python's socket module does not name;
-# elsewhere a polled packet's arrival is the drain's time (within one 20 ms tick).
-SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35 if sys.platform == "linux" else None)
 PACKET_SECONDS = SAMPLES_PER_PACKET / NARROW_RATE
-
-_clocks: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, SendClock] = (
-    weakref.WeakKeyDictionary())
-
-
-def shared_send_clock() -> SendClock:
-    """The running loop's one send clock for every RTP stream of the peer."""
-    loop = asyncio.get_running_loop()
-    clock = _clocks.get(loop)
-    if clock is None:
-        # One phase: every stream sends on the same 20 ms tick (the agent spreads its legs over
-        # four phases to even out its load; a peer only needs the fewest wake-ups).
-        clock = _clocks[loop] = SendClock(MonotonicClock(), PACKET_SECONDS, phases=1)
-    return clock
-
 
 class _Poller:
     """The load-test streams' sockets, read on the shared tick (one epoll for all): it joins
@@ -95,7 +81,7 @@ class _Poller:
         self._epoll.register(sock.fileno(), select.EPOLLIN)
         self._streams[sock.fileno()] = stream
         if self._leave is None:
-            self._leave = shared_send_clock().join(self._tick)
+            self._leave = send_tick().join(self._tick)
 
     def remove(self, sock: socket.socket) -> None:
         if self._streams.pop(sock.fileno(), None) is not None:
@@ -105,7 +91,7 @@ class _Poller:
             self._leave = None
 
     def _tick(self, tick_at: float, now: float) -> None:
-        offset = time.time() - time.monotonic()
+        offset = wall_offset()
         for _ in range(self.ROUNDS):
             ready = self._epoll.poll(0)
             if not ready:
@@ -201,8 +187,7 @@ class RtpStream:
         sock = socket.socket(family, socket.SOCK_DGRAM)
         try:
             sock.setblocking(False)
-            if SO_TIMESTAMPNS is not None:
-                sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+            stamp_arrivals(sock)
             sock.bind((host, port))
         except OSError:
             sock.close()
@@ -218,17 +203,13 @@ class RtpStream:
         if self._socket is None:
             return
         try:
-            data, ancillary, _, source = self._socket.recvmsg(MAX_DATAGRAM + 1, 64)
+            data, ancillary, _, source = self._socket.recvmsg(MAX_DATAGRAM + 1, ANCILLARY_BYTES)
         except (BlockingIOError, InterruptedError):
             return
         except OSError:  # an ICMP error for an earlier send
             self.send_errors += 1
             return
-        arrived = time.monotonic()
-        for level, kind, value in ancillary:
-            if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS:
-                seconds, nanoseconds = TIMESPEC.unpack_from(value)
-                arrived = seconds + nanoseconds * 1e-9 - offset
+        arrived = arrival(ancillary, offset)
         if self.remote is None:  # symmetric RTP: the first packet names the remote
             self.on_datagram(data, (source[0], source[1]), arrived)
         else:
@@ -238,7 +219,7 @@ class RtpStream:
         """Send to `remote` (None: to whoever sends first) from now on."""
         if remote is not None:
             self.remote = remote
-        self._leave_clock = shared_send_clock().join(self._send_due)
+        self._leave_clock = send_tick().join(self._send_due)
 
     # -- sending ---------------------------------------------------------------------------
 

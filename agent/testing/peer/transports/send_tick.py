@@ -1,13 +1,13 @@
-"""One 20 ms tick per event loop for the peer's paced websocket senders.
+"""One 20 ms tick per event loop for everything the peer sends on a pace.
 
 A call with a send task of its own wakes 50 times a second through asyncio's sleep (a timer
 handle, a future, a task step): with tens of calls in one peer process those wake-ups are a
 large part of what a call costs the peer, and a load test should measure the agent, not its
-callers. Here every media-stream call of the loop joins one `SendClock`
-(agent/audio/send_clock.py) with a single phase, so one wake-up every 20 ms sends for all of
-them; each call keeps its own `Pacer` (`Pacer.take_due`), so its send times, catch-up after
-a short stall and restart after a long one are those of a task of its own. The RTP streams
-of the peer have their own clock (`rtp_stream.shared_send_clock`).
+callers. Here every RTP stream (rtp and sip), load-test WebRTC call (direct_srtp.py) and
+media-stream call of the loop joins one `SendClock` (agent/audio/send_clock.py) with a single
+phase, so one wake-up every 20 ms sends for all of them, and the RTP streams' sockets are read
+on the same tick; each call keeps its own `Pacer` (`Pacer.take_due`), so its send times,
+catch-up after a short stall and restart after a long one are those of a task of its own.
 """
 
 from __future__ import annotations
