@@ -12,8 +12,9 @@ segments, turn latencies and the checks; PESQ is off in that mode). It reads the
 CPU time (its process tree, /proc) and its own (`time.process_time()`, every thread) around
 the calls and around the measuring, and prints CPU seconds per call-second for each and the
 ratios, for each number of concurrent calls in `--calls` (a load test runs many; with few,
-each call's set-up weighs more). One warm-up call per transport first, so imports and
-one-off tables are not counted.
+each call's set-up weighs more). One warm-up call per transport and level first, so imports,
+one-off tables and the run's one test signal (made and encoded once for all its calls) are
+not counted.
 
     python benchmarks/peer_cpu_bench.py [--calls 8,32] [--seconds 4] [--transports webrtc,rtp]
 """
@@ -48,12 +49,15 @@ class Row:
     agent: float
 
 
-async def one_call(url: str, transport: str, seconds: float) -> PeerCall:
+async def one_call(url: str, transport: str, seconds: float,
+                   hold: float | None = None) -> PeerCall:
+    """A call playing the test signal of `seconds`, hung up after `hold` (default: all of
+    it)."""
     call = open_call(url, transport, PeerOptions(timeout=20.0, extra={"defer_decoding": True}))
     try:
         await call.connect()
         call.play(test_signal(seconds))
-        await asyncio.sleep(seconds)
+        await asyncio.sleep(seconds if hold is None else hold)
         await call.hangup()
     finally:
         await call.close()
@@ -66,7 +70,9 @@ async def calls(url: str, transport: str, count: int, seconds: float) -> list[Pe
 
 
 def run_level(pid: int, url: str, transport: str, count: int, seconds: float) -> Row:
-    asyncio.run(calls(url, transport, 1, 0.5))  # warm-up: imports, codec tables
+    # Warm-up: imports, codec tables, and the run's one test signal of `seconds`, made and
+    # encoded once for every call of a run (a load run shares them: EncodedPlayback).
+    asyncio.run(one_call(url, transport, seconds, hold=0.5))
     time.sleep(0.5)
     agent_before, peer_before = tree_cpu_seconds(pid), time.process_time()
     placed = asyncio.run(calls(url, transport, count, seconds))
