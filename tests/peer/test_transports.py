@@ -81,7 +81,7 @@ async def test_every_transport_gets_its_echo_back(echo_agent: RunningAgent,
     await wait_until(lambda: not echo_agent.agent.legs and not echo_agent.agent.ticker.slots)
 
 
-@pytest.mark.parametrize("transport", ["webrtc", "media-stream", "rtp"])
+@pytest.mark.parametrize("transport", ["webrtc", "realtime", "media-stream", "rtp"])
 async def test_a_load_test_call_decodes_after_the_call_and_measures_the_same(
         echo_agent: RunningAgent, transport: str) -> None:
     """`defer_decoding`: audio encoded when queued, the agent's kept as bytes during the call
