@@ -21,17 +21,6 @@ from tests.support.agents import RunningAgent, wait_until
 LOAD_TEST = PeerOptions(timeout=20.0, extra={"defer_decoding": True})
 
 
-def test_only_rtp_is_taken_rtcp_stun_and_dtls_go_on_to_aioice() -> None:
-    header = bytes([0x80, 111]) + bytes(10)
-    assert direct_srtp.is_srtp(header + b"opus")
-    assert direct_srtp.is_srtp(bytes([0x80, 0x80 | 111]) + bytes(14))  # the marker bit set
-    for rtcp_type in (200, 201, 205, 206):  # SR, RR, RTPFB, PSFB (RFC 5761 section 4)
-        assert not direct_srtp.is_srtp(bytes([0x80, rtcp_type]) + bytes(14))
-    assert not direct_srtp.is_srtp(bytes([0x00, 0x01]) + bytes(18))  # a STUN binding request
-    assert not direct_srtp.is_srtp(bytes([22, 0xFE, 0xFD]) + bytes(13))  # a DTLS record
-    assert not direct_srtp.is_srtp(header[:12])  # a header and no payload
-
-
 async def echo_call(url: str, seconds: float = 2.0) -> tuple[WebRtcCall, CallReport]:
     call = open_call(url, "webrtc", LOAD_TEST)
     assert isinstance(call, WebRtcCall)

@@ -14,11 +14,10 @@ freshness, RTCP and the data channel stay on its path) this takes the call's aud
   sender's SSRC and the negotiated payload type, which the agent routes on; no header
   extensions), libsrtp's protect with the transport's own session, one `sendto` to the
   nominated pair;
-- receiving: the ICE socket is read here instead of by its asyncio transport (paused; a
-  duplicate of the socket on the event loop, `recvmsg` with the kernel's arrival time,
-  `SO_TIMESTAMPNS`, so a busy peer loop does not make the agent look late): each SRTP packet
-  (not SRTCP, RFC 5761 4) is kept with its arrival time, everything else (STUN, DTLS,
-  SRTCP) goes on to aioice's protocol at once, as before;
+- receiving: the ICE socket is read here instead of by its asyncio transport
+  (ice_socket.py, with the kernel's arrival times, so a busy peer loop does not make the agent
+  look late): each SRTP packet (not SRTCP) is kept with its arrival time, everything else
+  (STUN, DTLS, SRTCP) goes on to aioice's protocol at once, as before;
 - after the call (`replay`) the kept packets are unprotected in arrival order with the
   transport's receive session, parsed, counted (received, lost by RFC 3550 A.3 extended
   sequence numbers, interarrival jitter 6.4.1) and decoded into the call's recording.
@@ -31,11 +30,9 @@ higher cost.
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import logging
 import secrets
-import socket
 import struct
 from collections.abc import Callable
 from typing import Any
@@ -53,25 +50,13 @@ from agent.audio.pcm import PTIME
 from agent.rtc_tuning import InlineAudioDecoding
 from agent.rtc_tuning.source_check import source_of
 from agent.testing.peer.recording import Recording
-from agent.testing.peer.transports.arrival import (
-    ANCILLARY_BYTES,
-    arrival,
-    stamp_arrivals,
-    wall_offset,
-)
 from agent.testing.peer.transports.base import PeerCall
-from agent.testing.peer.transports.rtp_stream import MAX_DATAGRAM
+from agent.testing.peer.transports.ice_socket import IceSocketReader, nominated_pair
 from agent.testing.peer.transports.send_tick import send_tick
 
 log = logging.getLogger(__name__)
 
 RTP_HEADER = struct.Struct("!BBHII")
-
-
-def is_srtp(data: bytes) -> bool:
-    """An RTP (not RTCP) packet: version 2 in the first byte, and a second byte outside the
-    RTCP packet types 192-223 that RFC 5761 section 4 keeps apart from RTP payload types."""
-    return len(data) > 12 and 127 < data[0] < 192 and not 191 < data[1] < 224
 
 
 class DirectSrtp:
@@ -96,8 +81,6 @@ class DirectSrtp:
         self.arrivals: list[float] = []
         self.packets: list[bytes] = []
         self.send_errors = 0
-        self._socket: socket.socket | None = None  # the ICE socket's duplicate, read here
-        self._offset = wall_offset()
 
     @staticmethod
     @functools.cache
@@ -110,66 +93,34 @@ class DirectSrtp:
 
     @classmethod
     def attach(cls, call: PeerCall, transceiver: RTCRtpTransceiver,
-               codec: RTCRtpCodecParameters) -> DirectSrtp | None:
-        """Take over `transceiver`'s audio once its transport is connected; None (the call
-        stays on aiortc's path) where aiortc's or aioice's internals are not as expected."""
+               codec: RTCRtpCodecParameters, reader: IceSocketReader | None
+               ) -> DirectSrtp | None:
+        """Take over `transceiver`'s audio once its transport is connected, the agent's packets
+        from `reader` (the call's ICE socket, read since ICE completed); None (the call stays
+        on aiortc's path) where aiortc's or aioice's internals are not as expected."""
         sender = transceiver.sender
         dtls = sender.transport
         tx, rx = getattr(dtls, "_tx_srtp", None), getattr(dtls, "_rx_srtp", None)
-        connection = getattr(getattr(dtls, "transport", None), "_connection", None)
-        pair = getattr(connection, "_nominated", {}).get(1)
-        protocol = getattr(pair, "protocol", None)
+        pair = nominated_pair(dtls)
         ssrc = getattr(sender, "_ssrc", None)
-        if (pair is None or protocol is None or codec.payloadType is None
-                or not isinstance(tx, pylibsrtp.Session) or not isinstance(rx, pylibsrtp.Session)
-                or getattr(protocol, "transport", None) is None
-                or not hasattr(protocol, "datagram_received") or not isinstance(ssrc, int)
-                or getattr(pair, "remote_addr", None) is None):
+        if (reader is None or pair is None or codec.payloadType is None or not isinstance(ssrc, int)
+                or not isinstance(tx, pylibsrtp.Session)
+                or not isinstance(rx, pylibsrtp.Session)):
             log.warning("aiortc/aioice internals changed: the load-test media stays on "
                         "aiortc's path")
             return None
         ticks = round(codec.clockRate * PTIME)
-        direct = cls(call, codec, ssrc, tx, rx, protocol, pair.remote_addr, ticks)
-        try:
-            direct._read_socket()
-        except (OSError, AttributeError, RuntimeError):
-            log.warning("the ICE socket cannot be read directly: the load-test media stays "
-                        "on aiortc's path")
-            return None
+        direct = cls(call, codec, ssrc, tx, rx, pair.protocol, pair.remote_addr, ticks)
+        reader.on_rtp = direct._keep
         direct._leave = send_tick().join(direct._send_due)
         return direct
 
-    def _read_socket(self) -> None:
-        transport = self._protocol.transport
-        sock = transport.get_extra_info("socket").dup()  # shares the socket and O_NONBLOCK
-        try:
-            stamp_arrivals(sock)
-            transport.pause_reading()
-            asyncio.get_running_loop().add_reader(sock.fileno(), self._readable)
-        except BaseException:
-            sock.close()
-            raise
-        self._socket = sock
-
     # -- live ------------------------------------------------------------------------------
 
-    def _readable(self) -> None:
-        """One datagram (the loop calls again while more wait)."""
-        if self._socket is None:
-            return
-        try:
-            data, ancillary, _, source = self._socket.recvmsg(MAX_DATAGRAM, ANCILLARY_BYTES)
-        except (BlockingIOError, InterruptedError):
-            return
-        except OSError as exc:  # an ICMP error for an earlier send
-            self._protocol.error_received(exc)
-            return
-        arrived = arrival(ancillary, self._offset)
-        if is_srtp(data):
-            self.arrivals.append(arrived)
-            self.packets.append(data)
-        else:
-            self._protocol.datagram_received(data, source)
+    def _keep(self, data: bytes, arrived: float) -> bool:
+        self.arrivals.append(arrived)
+        self.packets.append(data)
+        return True
 
     def _send_due(self, tick_at: float, now: float) -> None:
         transport = self._protocol.transport
@@ -185,18 +136,10 @@ class DirectSrtp:
             transport.sendto(self._tx.protect(header + payload), self._remote)
 
     def stop(self) -> None:
-        """Stop sending and give the socket's packets back to aioice (before the transport
-        closes, so DTLS and RTCP end as usual)."""
+        """Stop sending (the call gives its ICE socket back to aioice)."""
         if self._leave is not None:
             self._leave()
             self._leave = None
-        if self._socket is not None:
-            asyncio.get_running_loop().remove_reader(self._socket.fileno())
-            self._socket.close()
-            self._socket = None
-            transport = self._protocol.transport
-            if transport is not None and not transport.is_closing():
-                transport.resume_reading()
 
     # -- after the call --------------------------------------------------------------------
 

@@ -14,6 +14,7 @@ import asyncio
 import functools
 import json
 import time
+from collections.abc import Callable
 from fractions import Fraction
 from typing import Any, cast
 from urllib.parse import urlparse
@@ -59,6 +60,7 @@ from agent.testing.peer.transports.base import (
     PeerOptions,
 )
 from agent.testing.peer.transports.direct_srtp import DirectSrtp
+from agent.testing.peer.transports.ice_socket import IceSocketReader, RtpArrivals, nominated_pair
 from agent.testing.testsignal import make_test_signal, measure_echo
 from agent.webrtc.encoding import InlineAudioEncoder
 
@@ -171,13 +173,18 @@ class DeferredDecoding(InlineAudioDecoding):
         self.codecs: list[RTCRtpCodecParameters] = []
         self.payloads: list[bytes] = []
         self.timestamps: list[int] = []
+        # When each packet reached the socket, by RTP timestamp (ice_socket.RtpArrivals);
+        # without it, when it left the jitter buffer.
+        self.arrival_of: Callable[[int], float | None] | None = None
 
     def put(self, item: tuple[RTCRtpCodecParameters, JitterFrame] | None) -> None:
         if item is None:
             super().put(None)  # ends the track as usual
             return
         codec, encoded_frame = item
-        self.arrivals.append(time.monotonic())
+        arrived = (self.arrival_of(encoded_frame.timestamp)
+                   if self.arrival_of is not None else None)
+        self.arrivals.append(time.monotonic() if arrived is None else arrived)
         self.codecs.append(codec)
         self.payloads.append(encoded_frame.data)
         self.timestamps.append(encoded_frame.timestamp)
@@ -433,6 +440,8 @@ class WebRtcCall(PeerCall):
         self._deferred: DeferredDecoding | None = None
         self._direct: DirectSrtp | None = None
         self._track: QueueTrack | None = None
+        self._ice_reader: IceSocketReader | None = None
+        self._arrivals: RtpArrivals | None = None
 
     def _preencode(self, codec: str) -> tuple[int, int]:
         """Queue audio encoded from now on; (RTP clock rate, ticks per packet)."""
@@ -479,6 +488,11 @@ class WebRtcCall(PeerCall):
             elif pc.connectionState in ("failed", "closed") and not self._closing:
                 self.mark_ended(f"connection_{pc.connectionState}")
 
+        @pc.on("iceconnectionstatechange")
+        def on_ice_state() -> None:
+            if pc.iceConnectionState == "completed" and self._ice_reader is None:
+                self._read_ice_socket(pc)
+
         @pc.on("track")
         def on_track(track: MediaStreamTrack) -> None:
             if self.light:
@@ -486,6 +500,7 @@ class WebRtcCall(PeerCall):
                                 if t.receiver.track is track)
                 decoding = decode_audio_inline(receiver, 1, DeferredDecoding)
                 if decoding is not None:
+                    decoding.arrival_of = self._arrival_of
                     self._deferred = decoding
                     self.defer_until_finished(lambda: decoding.replay(self.received))
             self._tasks.append(asyncio.ensure_future(self._record(track)))
@@ -525,9 +540,27 @@ class WebRtcCall(PeerCall):
         if self._track is not None:
             self._track.unpark()  # (where the direct path took over, it never sends)
 
+    def _read_ice_socket(self, pc: RTCPeerConnection) -> None:
+        """From ICE completion on, read the ICE socket here and note when each of the agent's
+        RTP packets arrived (ice_socket.py): aiortc releases audio only after its jitter
+        buffer, 60-80 ms later."""
+        for transceiver in pc.getTransceivers():
+            codecs = negotiated_codecs(transceiver)
+            pair = nominated_pair(transceiver.receiver.transport)
+            if not codecs or codecs[0].payloadType is None or pair is None:
+                continue
+            arrivals = RtpArrivals(codecs[0].payloadType)
+            self._ice_reader = IceSocketReader.attach(pair.protocol, arrivals.note)
+            if self._ice_reader is not None:
+                self._arrivals = arrivals
+            return
+
+    def _arrival_of(self, timestamp: int) -> float | None:
+        return None if self._arrivals is None else self._arrivals.take(timestamp)
+
     def _go_direct(self, transceiver: RTCRtpTransceiver, codec: RTCRtpCodecParameters
                    ) -> None:
-        direct = DirectSrtp.attach(self, transceiver, codec)
+        direct = DirectSrtp.attach(self, transceiver, codec, self._ice_reader)
         if direct is None:
             return
         self._direct = direct
@@ -553,7 +586,8 @@ class WebRtcCall(PeerCall):
                 if not self._closing:
                     self.mark_ended("remote_hangup")
                 return
-            self.received.add(frame)
+            self.received.add(frame, self._arrival_of(frame.pts)
+                              if frame.pts is not None else None)
 
     async def _watch_media(self) -> None:
         """A server that ends the call closes its peer connection, which aiortc on this side
@@ -594,6 +628,8 @@ class WebRtcCall(PeerCall):
             return
         if self._direct is not None:
             self._direct.stop()
+        if self._ice_reader is not None:
+            self._ice_reader.close()  # back to aioice, so DTLS and RTCP end as usual
         if self.pc is not None:
             try:
                 await asyncio.wait_for(self.pc.close(), 5)
