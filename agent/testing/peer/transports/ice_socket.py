@@ -130,6 +130,7 @@ class RtpArrivals:
         self.payload_type = payload_type
         self._first: int | None = None
         self._times: dict[int, float] = {}
+        self.found = 0  # frames that found their packet
 
     def note(self, data: bytes, arrived: float) -> bool:
         if data[1] & 0x7F == self.payload_type:
@@ -144,4 +145,6 @@ class RtpArrivals:
         return False  # on to aiortc, which decodes it
 
     def take(self, pts: int | None) -> float | None:
-        return None if pts is None else self._times.pop(pts & 0xFFFFFFFF, None)
+        arrived = None if pts is None else self._times.pop(pts & 0xFFFFFFFF, None)
+        self.found += arrived is not None
+        return arrived
