@@ -31,7 +31,6 @@ import select
 import socket
 import struct
 import time
-import weakref
 from collections import deque
 from collections.abc import Callable
 from typing import Any
@@ -53,6 +52,7 @@ from agent.testing.peer.transports.narrowband import (
     SAMPLES_PER_PACKET,
     NarrowbandCodec,
 )
+from agent.testing.peer.transports.per_loop import PerLoop
 from agent.testing.peer.transports.send_tick import send_tick
 from agent.testing.peer.transports.telephone_events import (
     PAUSE_PACKETS,
@@ -102,16 +102,7 @@ class _Poller:
                     stream._read_one(offset)
 
 
-_pollers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Poller] = (
-    weakref.WeakKeyDictionary())
-
-
-def shared_poller() -> _Poller:
-    loop = asyncio.get_running_loop()
-    poller = _pollers.get(loop)
-    if poller is None:
-        poller = _pollers[loop] = _Poller()
-    return poller
+shared_poller = PerLoop(_Poller)  # the running loop's one
 
 
 class _Protocol(asyncio.DatagramProtocol):

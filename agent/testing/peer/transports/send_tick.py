@@ -12,22 +12,11 @@ catch-up after a short stall and restart after a long one are those of a task of
 
 from __future__ import annotations
 
-import asyncio
-import weakref
-
 from agent.audio.clock import MonotonicClock
 from agent.audio.pcm import PTIME
 from agent.audio.send_clock import SendClock
+from agent.testing.peer.transports.per_loop import PerLoop
 
-_clocks: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, SendClock] = (
-    weakref.WeakKeyDictionary())
-
-
-def send_tick() -> SendClock:
-    """The running loop's one 20 ms send clock (created on first use, one phase: the peer
-    wants the fewest wake-ups, not the agent's load spread over phases)."""
-    loop = asyncio.get_running_loop()
-    clock = _clocks.get(loop)
-    if clock is None:
-        clock = _clocks[loop] = SendClock(MonotonicClock(), PTIME, phases=1)
-    return clock
+# The running loop's one 20 ms send clock (created on first use, one phase: the peer wants
+# the fewest wake-ups, not the agent's load spread over phases).
+send_tick = PerLoop(lambda: SendClock(MonotonicClock(), PTIME, phases=1))
