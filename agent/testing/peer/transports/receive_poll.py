@@ -29,7 +29,6 @@ import select
 import socket
 from collections.abc import Callable
 
-from agent.task_owner import TaskOwner
 from agent.testing.peer.transports.arrival import (
     ANCILLARY_BYTES,
     SO_TIMESTAMPNS,
@@ -38,10 +37,10 @@ from agent.testing.peer.transports.arrival import (
     wall_offset,
 )
 from agent.testing.peer.transports.per_loop import PerLoop
+from agent.testing.peer.transports.send_tick import send_tick
 
 log = logging.getLogger(__name__)
 
-POLL_SECONDS = 0.005
 READ_BYTES = 256 * 1024  # what asyncio's socket transport reads at a time
 
 # Bytes read and when they arrived (monotonic); False: stop polling this connection.
@@ -101,12 +100,13 @@ class PolledConnection:
 
 
 class ReceivePoll:
-    def __init__(self, period: float = POLL_SECONDS) -> None:
-        self.period = period
+    """The loop's polled connections, read on the peer's tick (send_tick.py: every 5 ms,
+    every fourth time on the send tick's own wake-up)."""
+
+    def __init__(self) -> None:
         self._epoll: select.epoll | None = None
         self._connections: dict[int, PolledConnection] = {}
-        self._tasks = TaskOwner("receive-poll")
-        self._running: asyncio.Task[None] | None = None
+        self._leave: Callable[[], None] | None = None
 
     def __len__(self) -> int:
         return len(self._connections)
@@ -139,13 +139,23 @@ class ReceivePoll:
             return None
         connection = PolledConnection(self, transport, sock, deliver)
         self._connections[sock.fileno()] = connection
-        if self._running is None or self._running.done():
-            self._running = self._tasks.spawn(self._run(), "reads")
+        if self._leave is None:
+            self._leave = send_tick().join_poll(self.poll)
         return connection
 
     def forget(self, sock: socket.socket) -> None:
         self._connections.pop(sock.fileno(), None)
         self._unregister(sock)
+        if not self._connections:
+            self._stop_polling()
+
+    def _stop_polling(self) -> None:
+        if self._leave is not None:
+            self._leave()
+            self._leave = None
+        if self._epoll is not None:
+            self._epoll.close()
+            self._epoll = None
 
     def _unregister(self, sock: socket.socket) -> None:
         # Before the duplicate closes: an epoll entry lives as long as the socket does, and
@@ -155,28 +165,6 @@ class ReceivePoll:
                 self._epoll.unregister(sock.fileno())
             except (OSError, ValueError):
                 pass
-
-    async def _run(self) -> None:
-        # Not the send clock (agent/audio/send_clock.py): that one runs the ticks it missed
-        # back to back, which a send needs and a poll does not (one read takes all that
-        # waits); here a late tick moves to the next one, measurably cheaper at 5 ms.
-        loop = asyncio.get_running_loop()
-        anchor = loop.time()
-        tick = 0
-        try:
-            while self._connections:
-                tick += 1
-                due = anchor + tick * self.period
-                now = loop.time()
-                if now - due > self.period:  # fell behind: the next tick from now
-                    tick = int((now - anchor) / self.period) + 1
-                    due = anchor + tick * self.period
-                await asyncio.sleep(due - now)
-                self.poll()
-        finally:
-            if self._epoll is not None and not self._connections:
-                self._epoll.close()
-                self._epoll = None
 
     def poll(self) -> None:
         """Drain every connection with data waiting (the tick's work, callable directly)."""
@@ -196,7 +184,7 @@ class ReceivePoll:
     def close(self) -> None:
         for connection in list(self._connections.values()):
             connection.release()
-        self._tasks.cancel_all()
+        self._stop_polling()
 
 
 receive_poll = PerLoop(ReceivePoll)  # the running loop's one
