@@ -93,6 +93,22 @@ class Recording:
             return
         self._keep(np.asarray(samples, dtype=np.float32).reshape(-1))
 
+    def add_piece(self, samples: np.ndarray, arrived: float) -> None:
+        """`add_samples` for what the peer itself made: float32 mono at `rate` already, one
+        dimension (a payload's samples as `EncodedPlayback` keeps them), so nothing to check
+        or convert; one call per packet sent."""
+        if not self.keep_audio:
+            self.add_samples(samples, arrived)
+            return
+        if self.first_at is None:
+            self.first_at = arrived
+        self.arrivals.append(arrived)
+        self.offsets.append(self.kept_samples + self.counted_samples)
+        self.chunks.append(samples)
+        self.kept_samples += len(samples)
+        if self._derived:
+            self._derived.clear()
+
     def _keep(self, chunk: np.ndarray) -> None:
         self.chunks.append(chunk)
         self.kept_samples += len(chunk)
