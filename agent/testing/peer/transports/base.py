@@ -29,6 +29,7 @@ import aiohttp
 import numpy as np
 
 from agent.testing.peer.recording import PEER_RATE, Recording
+from agent.testing.peer.transports.http_client import http_clients
 
 CHUNK_SECONDS = 0.02
 
@@ -205,6 +206,7 @@ class PeerCall(abc.ABC):
             TimedEvent]]] = []
         self._tasks: list[asyncio.Task[None]] = []  # cancelled by `begin_close`
         self._sideband: EventChannel | None = None  # for transports without events
+        self._requests: aiohttp.ClientSession | None = None  # held from http_clients
         self._closing = False
 
     # -- the timeline --------------------------------------------------------------------
@@ -249,7 +251,7 @@ class PeerCall(abc.ABC):
         `sent` at `at` (monotonic; now by default)."""
         assert self._encoded is not None
         samples, payload = self._encoded.take()
-        self.sent.add_samples(samples, at)
+        self.sent.add_piece(samples, time.monotonic() if at is None else at)
         return payload
 
     def next_chunk(self, count: int | None = None, at: float | None = None) -> np.ndarray:
@@ -325,15 +327,25 @@ class PeerCall(abc.ABC):
         token = self.options.token
         return {"Authorization": f"Bearer {token}"} if token else {}
 
-    def http(self, bounded: bool = True) -> aiohttp.ClientSession:
-        """An HTTP client for the agent; `bounded`: each request within `options.timeout`
-        (not for a websocket that lives as long as the call). `insecure` accepts a
-        development server's self-signed certificate."""
-        connector = aiohttp.TCPConnector(ssl=False if self.options.insecure else True)
-        if not bounded:
-            return aiohttp.ClientSession(connector=connector)
-        return aiohttp.ClientSession(connector=connector,
-                                     timeout=aiohttp.ClientTimeout(total=self.options.timeout))
+    def requests(self) -> aiohttp.ClientSession:
+        """The loop's shared HTTP client for short requests to the agent, each within
+        `options.timeout` (http_client.py: kept-alive connections shared by the calls),
+        held by this call until it closes; not to be closed by the caller."""
+        if self._requests is None:
+            self._requests = http_clients().hold(not self.options.insecure, self.options.timeout)
+        return self._requests
+
+    async def _release_requests(self) -> None:
+        if self._requests is not None:
+            self._requests = None
+            await http_clients().release(not self.options.insecure, self.options.timeout)
+
+    def http(self) -> aiohttp.ClientSession:
+        """An HTTP client of the call's own for a websocket to the agent that lives as long as
+        the call (no total timeout; short requests go through `requests`). `insecure`
+        accepts a development server's self-signed certificate."""
+        return aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(ssl=False if self.options.insecure else True))
 
     async def send_dtmf(self, digits: str) -> None:
         raise PeerError(UNSUPPORTED, f"the {self.transport} transport cannot send DTMF")
@@ -353,6 +365,7 @@ class PeerCall(abc.ABC):
         self.mark_ended("hangup")
         await self.end_remote(remote_ended)
         await self.close()
+        await self._release_requests()  # where `close` had begun before the hang-up
 
     async def end_remote(self, remote_ended: bool) -> None:
         """Tell the other side the call is over (BYE, DELETE, stop); `remote_ended`: it ended
@@ -371,6 +384,7 @@ class PeerCall(abc.ABC):
         await asyncio.gather(*self._tasks, return_exceptions=True)
         if self._sideband is not None:
             await self._sideband.close()
+        await self._release_requests()
         return True
 
     @abc.abstractmethod

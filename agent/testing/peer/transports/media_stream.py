@@ -172,7 +172,7 @@ class MediaStreamCall(PeerCall):
         self.preencode(EncodedPlayback(self._encoder.encode_packets, self.rate // 50,
                                        self._encoder.silence, f"{name}/{self.rate}"))
         headers = self.headers
-        self._http = self.http(bounded=False)
+        self._http = self.http()
         try:
             self._socket = await asyncio.wait_for(
                 self._http.ws_connect(target, headers=headers, autoping=True),

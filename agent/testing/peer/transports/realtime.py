@@ -68,7 +68,7 @@ class RealtimeCall(WebRtcCall):
         call_url = self._call_url
         if call_url is not None and not remote_ended:
             try:
-                async with self.http() as http, http.post(
+                async with self.requests().post(
                         call_url + "/hangup", headers=self.headers) as response:
                     await response.read()
             except (aiohttp.ClientError, TimeoutError):

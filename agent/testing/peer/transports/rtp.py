@@ -97,8 +97,8 @@ class RtpCall(PeerCall):
             body["session"] = self.options.session
         endpoint = self.url.rstrip("/") + RTP_PATH
         try:
-            async with self.http() as http, http.post(endpoint, json=body,
-                                                      headers=self.headers) as response:
+            async with self.requests().post(endpoint, json=body,
+                                            headers=self.headers) as response:
                 payload = await response.json(content_type=None)
                 if response.status != 201 or not isinstance(payload, dict):
                     raise PeerError(REFUSED, f"RTP leg refused: HTTP {response.status} "
@@ -126,8 +126,8 @@ class RtpCall(PeerCall):
     async def end_remote(self, remote_ended: bool) -> None:
         if self._leg_url is not None and not remote_ended:
             try:
-                async with self.http() as http, http.delete(self._leg_url,
-                                                            headers=self.headers) as response:
+                async with self.requests().delete(self._leg_url,
+                                                  headers=self.headers) as response:
                     await response.read()
             except (aiohttp.ClientError, asyncio.TimeoutError):
                 pass  # gone already; the agent ends a silent leg on its own too

@@ -52,7 +52,7 @@ class Sideband:
                                 "the agent's call id, so it has no sideband")
             return None
         url = sideband_url(base_url, call.call_id)
-        http = call.http(bounded=False)
+        http = call.http()
         try:
             socket = await asyncio.wait_for(http.ws_connect(url, headers=headers),
                                             call.options.timeout)

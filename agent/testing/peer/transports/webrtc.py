@@ -519,8 +519,7 @@ class WebRtcCall(PeerCall):
             raise PeerError(UNSUPPORTED, str(exc)) from None
         await pc.setLocalDescription(await pc.createOffer())
         try:
-            async with self.http() as http:
-                answer = await self.exchange(http, pc.localDescription.sdp)
+            answer = await self.exchange(self.requests(), pc.localDescription.sdp)
             await pc.setRemoteDescription(RTCSessionDescription(sdp=answer, type="answer"))
             await asyncio.wait_for(connected.wait(), self.options.timeout)
         except asyncio.TimeoutError:
