@@ -14,7 +14,9 @@ from pathlib import Path
 
 import pytest
 
+from agent.testing.peer.transports import receive_poll as receive_poll_module
 from agent.testing.peer.transports.receive_poll import ReceivePoll, receive_poll
+from agent.testing.peer.transports.send_tick import send_tick
 from tests.support.agents import wait_until
 from tests.support.tls import self_signed
 
@@ -122,6 +124,27 @@ async def test_the_poll_reads_on_its_own_tick(link: Link) -> None:
     finally:
         poll.close()
     assert len(poll) == 0
+
+
+async def test_a_burst_has_the_connections_read_every_5_ms_for_a_while(
+        link: Link, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(receive_poll_module, "HURRY_SECONDS", 0.2)
+    clock = send_tick()
+    poll = ReceivePoll()
+    reads: list[tuple[bytes, float]] = []
+    try:
+        assert poll.take(link.transport, keeping(reads))
+        assert clock.polls() == 0 and clock.senders() == 1  # read on the send tick
+        poll.hurry()
+        assert clock.polls() == 1 and poll.hurried == 1  # and on every 5 ms step
+        link.remote.write(b"burst")
+        await link.remote.drain()
+        await wait_until(lambda: bool(reads), timeout=5)
+        await wait_until(lambda: clock.polls() == 0, timeout=5)  # back after HURRY_SECONDS
+        assert clock.senders() == 1
+    finally:
+        poll.close()
+    assert len(clock) == 0
 
 
 async def test_a_reader_that_says_stop_hands_the_connection_back(link: Link) -> None:

@@ -182,6 +182,23 @@ async def test_read_frames_are_taken_whole_in_order_with_the_arrival_of_their_la
         assert received == [MARK, MEDIA[2]]
 
 
+async def test_a_read_holding_several_kept_messages_is_reported_as_a_burst(
+        serve: Callable[[Script], Awaitable[str]]) -> None:
+    url = await serve(no_script)
+    bursts: list[int] = []
+    async with aiohttp.ClientSession() as session, session.ws_connect(url) as socket:
+        tap = WebsocketTap.install(socket, KEEP, lambda at, data: None, lambda: None)
+        assert tap is not None
+        tap.on_burst = lambda: bursts.append(tap.taken)
+        a, b, c = (frame(text) for text in MEDIA[:3])
+        assert tap.deliver(a, 1.0) and tap.deliver(b, 2.0)  # one a read: no burst
+        assert bursts == []
+        assert tap.deliver(c + a[:4], 3.0)  # one whole, the next held: no burst
+        assert tap.deliver(a[4:] + b + c, 4.0)  # three in one read: they share its time
+        assert bursts == [6]
+        tap.detach()
+
+
 async def test_a_frame_the_tap_leaves_goes_to_aiohttps_parser_from_its_start(
         serve: Callable[[Script], Awaitable[str]]) -> None:
     url = await serve(no_script)

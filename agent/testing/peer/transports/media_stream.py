@@ -25,8 +25,9 @@ With `extra["defer_decoding"]` (a load test without a script: nothing reads the 
 audio during the call) the agent's `media` messages are kept as text with their arrival
 times and parsed and decoded after the call (`PeerCall.finish_recordings`): they are taken
 off the websocket as they arrive (websocket_tap.py), not through a receive loop woken for
-each, and the connection is read on one 5 ms poll for every call (receive_poll.py) with the
-kernel's arrival times, not on a wake-up of the event loop per message. The agent's first
+each, and the connection is read on the shared tick with every call's (receive_poll.py, every
+5 ms for a second after a burst) with the kernel's arrival times, not on a wake-up of the
+event loop per message. The agent's first
 message of another kind (a mark, an error, `stop`, the close) hands the call over to the
 ordinary receive loop, so events are on the timeline when they arrive and an agent that
 closes the websocket ends the call with `remote_hangup`, as without a load test.
@@ -207,7 +208,10 @@ class MediaStreamCall(PeerCall):
         if self._tap is None:
             self._start_receiving()
         elif self._tap.transport is not None:
-            self._polled = receive_poll().take(self._tap.transport, self._tap.deliver)
+            poll = receive_poll()
+            self._polled = poll.take(self._tap.transport, self._tap.deliver)
+            if self._polled is not None:
+                self._tap.on_burst = poll.hurry
         self._start_sending()
         # The Twilio protocol never names the agent's call id, so there is no sideband to
         # open unless the caller names the call (`extra["sideband_call_id"]`).

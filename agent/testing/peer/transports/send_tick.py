@@ -1,5 +1,5 @@
-"""One timer per event loop for everything the peer does on a pace: the 20 ms sends and the
-5 ms reads of the polled connections.
+"""One timer per event loop for everything the peer does on a pace: the 20 ms sends, the
+reads of the polled sockets on the same wake-up, and 5 ms reads where asked for.
 
 A call with a send task of its own wakes 50 times a second through asyncio's sleep (a timer
 handle, a future, a task step): with tens of calls in one peer process those wake-ups are a
@@ -9,8 +9,9 @@ media-stream call of the loop joins one `PeerTick` (`join`), so one wake-up ever
 sends for all of them, and the RTP streams' sockets are read on the same tick; each call
 keeps its own `Pacer` (`Pacer.take_due`), so its send times, catch-up after a short stall and
 restart after a long one are those of a task of its own. The polled stream connections
-(receive_poll.py) join the same timer for a read every 5 ms (`join_poll`), on the same grid:
-every fourth read is the send tick's wake-up, not one of its own.
+(receive_poll.py) are read on the send tick too, and after a burst every 5 ms for a while
+(`join_poll`), on the same grid: every fourth read is the send tick's wake-up, not one of
+its own.
 
 Why not the agent's `SendClock` (agent/audio/send_clock.py), which this was until the peer's
 CPU per call was measured at a handful of calls: that one is a task sleeping between ticks,
@@ -67,6 +68,12 @@ class PeerTick:
 
     def __len__(self) -> int:
         return len(self._senders) + len(self._polls)
+
+    def senders(self) -> int:
+        return len(self._senders)
+
+    def polls(self) -> int:
+        return len(self._polls)
 
     def join(self, send_due: SendDue) -> Callable[[], None]:
         """Call `send_due(tick_at, now)` on every send tick from now on; returns the call that

@@ -55,6 +55,8 @@ class WebsocketTap:
         self.active = True
         self.taken = 0
         self.arrival: float | None = None
+        # Told when one read held more than one kept message (they share its arrival time).
+        self.on_burst: Callable[[], None] | None = None
 
     @classmethod
     def install(cls, socket: aiohttp.ClientWebSocketResponse, prefixes: tuple[str, ...],
@@ -105,15 +107,20 @@ class WebsocketTap:
         are taken from the bytes directly (`_take_frames`); the rest, from the first frame
         it does not keep, goes to the connection's protocol as the transport would hand it.
         """
-        if self._held:
-            data, self._held = self._held + data, b""
-        if self._aligned and self.active:
-            start = self._take_frames(data, arrived)
-            if start == len(data):
-                return True
-            data = data[start:]
-            self._aligned = False  # aiohttp's parser reads on from a frame's start
-        return self._to_protocol(data, arrived)
+        taken = self.taken
+        try:
+            if self._held:
+                data, self._held = self._held + data, b""
+            if self._aligned and self.active:
+                start = self._take_frames(data, arrived)
+                if start == len(data):
+                    return True
+                data = data[start:]
+                self._aligned = False  # aiohttp's parser reads on from a frame's start
+            return self._to_protocol(data, arrived)
+        finally:
+            if self.taken - taken > 1 and self.on_burst is not None:
+                self.on_burst()
 
     def _to_protocol(self, data: bytes, arrived: float) -> bool:
         """Through aiohttp's protocol and parser; where the parser gave exactly the frames
