@@ -17,10 +17,11 @@ agent's call id, so the sideband (sideband.py) is opened only for a call id give
 
 What a call costs the peer (a load test should measure the agent, not its callers): the
 `media` messages of every call of the process go out on one shared 20 ms tick (send_tick.py;
-each call its own `Pacer`), each a template filled with the chunk number and the base64 of
-a payload encoded when it was queued, written by driving aiohttp's send coroutine in place
-(inline_send.py) rather than from a task per call; in a load test by aiohttp's frame writer
-itself (a private method, checked for when connecting; `send_str` where it is not there).
+each call its own `Pacer`), each a template's bytes filled with the chunk number and a
+payload's base64 (encoded when the audio was queued), written by driving aiohttp's send
+coroutine in place (inline_send.py) rather than from a task per call; in a load test by
+aiohttp's frame writer itself (a private method, checked for when connecting; `send_str`
+where it is not there).
 With `extra["defer_decoding"]` (a load test without a script: nothing reads the agent's
 audio during the call) the agent's `media` messages are kept as text with their arrival
 times and parsed and decoded after the call (`PeerCall.finish_recordings`): they are taken
@@ -48,6 +49,7 @@ from typing import Any
 from urllib.parse import urlparse, urlunparse
 
 import aiohttp
+import numpy as np
 
 from agent.audio.clock import MonotonicClock
 from agent.audio.pacer import Pacer
@@ -94,19 +96,30 @@ def websocket_url(url: str) -> str:
 
 
 class MediaTemplate:
-    """A call's `media` messages without a dict and json.dumps each: the text json.dumps
+    """A call's `media` messages without a dict and json.dumps each: the bytes json.dumps
     writes for `{"event": "media", "streamSid": ..., "media": {"track": "inbound", "chunk":
-    ..., "payload": ...}}` (the stream id and base64 need no escaping), filled in."""
+    ..., "payload": ...}}` (the stream id and base64 need no escaping), filled in with the
+    chunk number and the payload's base64 (made once per payload: `media_payloads`)."""
 
     def __init__(self, stream_sid: str) -> None:
         if not stream_sid.isalnum():
             raise ValueError("a stream id of letters and digits only")
         self._head = ('{"event": "media", "streamSid": "' + stream_sid
-                      + '", "media": {"track": "inbound", "chunk": "')
+                      + '", "media": {"track": "inbound", "chunk": "').encode()
 
-    def fill(self, chunk: int, payload: bytes) -> str:
-        return (self._head + str(chunk) + '", "payload": "'
-                + base64.b64encode(payload).decode("ascii") + '"}}')
+    def fill(self, chunk: int, payload_base64: bytes) -> bytes:
+        return (self._head + str(chunk).encode() + b'", "payload": "' + payload_base64
+                + b'"}}')
+
+
+def media_payloads(encoder: NarrowbandCodec) -> Callable[[np.ndarray], list[bytes]]:
+    """The playback's encoding for this transport: each 20 ms payload in the base64 that the
+    `media` message carries, encoded once when queued (and shared by the calls of a run)."""
+
+    def encode(samples: np.ndarray) -> list[bytes]:
+        return [base64.b64encode(payload) for payload in encoder.encode_packets(samples)]
+
+    return encode
 
 
 FrameWrite = Callable[[bytes, int, int], None]
@@ -170,8 +183,9 @@ class MediaStreamCall(PeerCall):
         self.codec = name
         self._encoder = NarrowbandCodec(name, self.rate)
         self._decoder = NarrowbandCodec(name, self.rate)
-        self.preencode(EncodedPlayback(self._encoder.encode_packets, self.rate // 50,
-                                       self._encoder.silence, f"{name}/{self.rate}"))
+        self.preencode(EncodedPlayback(media_payloads(self._encoder), self.rate // 50,
+                                       base64.b64encode(self._encoder.silence),
+                                       f"{name}/{self.rate}/base64"))
         headers = self.headers
         self._http = self.http()
         try:
@@ -268,14 +282,14 @@ class MediaStreamCall(PeerCall):
                 self._stop_sending()  # as a sender of its own stops at a closed socket
                 return
             self._chunk += 1
-            text = self._template.fill(self._chunk, self.next_payload(now))
+            message = self._template.fill(self._chunk, self.next_payload(now))
             if frames is not None:
                 try:
-                    frames[0](text.encode(), aiohttp.WSMsgType.TEXT, 0)
+                    frames[0](message, aiohttp.WSMsgType.TEXT, 0)
                 except (ConnectionError, RuntimeError):
                     self._stop_sending()
                     return
-            elif not self._sender.run(socket.send_str(text)):
+            elif not self._sender.run(socket.send_str(message.decode("ascii"))):
                 return  # waiting for the buffer: the next sends wait for it
 
     def _start_receiving(self) -> None:
