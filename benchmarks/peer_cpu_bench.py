@@ -16,7 +16,11 @@ each call's set-up weighs more). One warm-up call per transport and level first,
 one-off tables and the run's one test signal (made and encoded once for all its calls) are
 not counted.
 
-    python benchmarks/peer_cpu_bench.py [--calls 8,32] [--seconds 4] [--transports webrtc,rtp]
+Every transport and level runs `--rounds` times, interleaved (this machine's speed moves
+from minute to minute), and the table gives the medians.
+
+    python benchmarks/peer_cpu_bench.py [--calls 8,32] [--seconds 4] [--rounds 3]
+        [--transports webrtc,rtp]
 """
 
 from __future__ import annotations
@@ -91,6 +95,12 @@ def run_level(pid: int, url: str, transport: str, count: int, seconds: float) ->
                agent_cpu / call_seconds)
 
 
+def median(values: list[float]) -> float:
+    ordered = sorted(values)
+    middle = len(ordered) // 2
+    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -98,6 +108,9 @@ def main() -> None:
                         help="concurrent calls per level, comma-separated (default 8,32)")
     parser.add_argument("--seconds", type=float, default=4.0)
     parser.add_argument("--transports", default=",".join(TRANSPORTS))
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="times every transport and level is run, interleaved; the "
+                        "table gives medians (default 3)")
     args = parser.parse_args()
     port, sip_port = free_port(), free_port()
     if (os.cpu_count() or 1) > 1:
@@ -105,24 +118,34 @@ def main() -> None:
     limit_host_addresses(["127.0.0.1"])
     command = agent_command(port, "--ice-host", "127.0.0.1", "--sip-listen",
                             f"127.0.0.1:{sip_port}", "--sip-invite-rate", "0")
-    rows = []
+    transports = [t for t in args.transports.split(",") if t]
+    levels = [int(c) for c in args.calls.split(",") if c]
+    rows: dict[tuple[str, int], list[Row]] = {(t, c): [] for t in transports for c in levels}
     with server_on_core0(command, port) as pid:
         time.sleep(1.0)  # the server's start-up CPU is not a call's
-        for transport in [t for t in args.transports.split(",") if t]:
-            url = (f"sip:agent@127.0.0.1:{sip_port}" if transport == "sip"
-                   else f"http://127.0.0.1:{port}")
-            for count in [int(c) for c in args.calls.split(",") if c]:
-                rows.append(run_level(pid, url, transport, count, args.seconds))
-    print(f"\nConcurrent calls of {args.seconds:g} s per transport, echo plugin. "
-          "CPU seconds per call-second; agent on core 0, peer on core 1.\n")
+        for _ in range(max(1, args.rounds)):
+            for transport in transports:
+                url = (f"sip:agent@127.0.0.1:{sip_port}" if transport == "sip"
+                       else f"http://127.0.0.1:{port}")
+                for count in levels:
+                    rows[transport, count].append(
+                        run_level(pid, url, transport, count, args.seconds))
+    print(f"\nConcurrent calls of {args.seconds:g} s per transport, echo plugin, "
+          f"{max(1, args.rounds)} interleaved rounds: medians (the live ratio's range over "
+          "the rounds in brackets). CPU seconds per call-second; agent on core 0, peer on "
+          "core 1.\n")
     print("| transport | calls ok | peer, live | peer, measuring after | agent | "
           "agent / peer live | agent / peer all |")
     print("| --- | --- | --- | --- | --- | --- | --- |")
-    for row in rows:
-        total = row.peer_live + row.peer_measure
-        print(f"| {row.transport} | {row.passed}/{row.calls} | {row.peer_live:.4f} | "
-              f"{row.peer_measure:.4f} | {row.agent:.4f} | {row.agent / row.peer_live:.1f}x | "
-              f"{row.agent / total:.1f}x |")
+    for (transport, count), runs in rows.items():
+        live = median([r.peer_live for r in runs])
+        after = median([r.peer_measure for r in runs])
+        agent = median([r.agent for r in runs])
+        ratios = [r.agent / r.peer_live for r in runs]
+        passed = sum(r.passed for r in runs)
+        print(f"| {transport} | {passed}/{count * len(runs)} | {live:.4f} | {after:.4f} | "
+              f"{agent:.4f} | {agent / live:.1f}x [{min(ratios):.1f}–{max(ratios):.1f}] | "
+              f"{agent / (live + after):.1f}x |")
 
 
 if __name__ == "__main__":
