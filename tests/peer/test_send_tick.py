@@ -88,6 +88,25 @@ async def test_a_late_wake_up_sends_once_with_every_packet_due() -> None:
         clock.close()
 
 
+async def test_the_grid_starts_when_the_first_wake_up_runs() -> None:
+    # A loop busy when the first sender joins (a call encoding its audio) must not make the
+    # first sends catch up: the first packet goes when the tick first runs, the next a whole
+    # period later (a burst at the start of a stream upsets receivers such as ffmpeg's).
+    clock = PeerTick()
+    calls: list[tuple[float, float]] = []
+    joined = time.monotonic()
+    leave = clock.join(lambda tick_at, now: calls.append((tick_at, now)))
+    time.sleep(0.03)  # busy: the first wake-up runs after this
+    try:
+        await wait_until(lambda: len(calls) >= 2, timeout=5)
+        first, second = calls[0][0], calls[1][0]
+        assert first >= joined + 0.03
+        assert round(second - first, 6) == PTIME
+    finally:
+        leave()
+        clock.close()
+
+
 async def test_a_failing_sender_is_dropped_and_the_others_go_on(
         caplog: pytest.LogCaptureFixture) -> None:
     clock = PeerTick()

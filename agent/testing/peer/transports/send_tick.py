@@ -62,6 +62,7 @@ class PeerTick:
         self._handle: asyncio.TimerHandle | asyncio.Handle | None = None
         self._due_step = 0  # the grid step the pending wake-up is for
         self._anchor = 0.0  # monotonic time of step 0
+        self._starting = False  # started, its first wake-up (step 0) still to run
         self._last_send_step = -1
         self.wakeups = 0
         self.failures = 0  # senders and polls dropped for raising
@@ -94,7 +95,7 @@ class PeerTick:
         self._polls[key] = poll
         self._start()
         sooner = self._next_step(self._step_now())
-        if self._handle is not None and self._due_step > sooner:
+        if self._handle is not None and not self._starting and self._due_step > sooner:
             self._schedule(sooner)  # the next step, not the next send tick
 
         def leave() -> None:
@@ -115,7 +116,8 @@ class PeerTick:
         if self._handle is not None:
             return
         self._loop = asyncio.get_running_loop()
-        self._anchor = time.monotonic()
+        self._starting = True  # the grid starts when the first wake-up runs (the loop may
+        # be busy a while first: a grid started now would have its first sends catch up)
         self._last_send_step = -1
         self._due_step = 0
         self._handle = self._loop.call_soon(self._wake)
@@ -143,6 +145,9 @@ class PeerTick:
         self._handle = None
         if not len(self):
             return
+        if self._starting:
+            self._starting = False
+            self._anchor = time.monotonic()
         self.wakeups += 1
         step = max(self._step_now(), self._due_step)
         now = time.monotonic()
