@@ -19,8 +19,12 @@ call), and the jitter and gaps still see when each packet really arrived. The pa
 kept as they came (bytes, source, arrival) and parsed, counted and decoded after the call.
 Telephone-events become `dtmf` events. Sequence numbers give packets received and lost
 (RFC 3550 A.3), RTP timestamps against arrival times the interarrival jitter (RFC 3550
-6.4.1). Packets are parsed with aiortc's `RtpPacket`; sent headers are packed directly
-(see `_send`).
+6.4.1). Sent headers are packed directly (see `_send`). Received packets with the
+plain 12-byte header (version 2, no padding, extension or CSRCs: what G.711 senders send) are
+read with one `struct` unpack (`parse_rtp`), anything else with aiortc's `RtpPacket`: an
+object per packet cost twice what parsing and counting it now cost after a load test's call.
+The live path (`on_datagram`) and the replay of the kept packets (`_finish_kept`) share the
+checks of the source (`_admits`) and the counting (`_take`).
 """
 
 from __future__ import annotations
@@ -64,7 +68,29 @@ from agent.testing.peer.transports.telephone_events import (
 Address = tuple[str, int]
 MAX_DATAGRAM = 2048
 RTP_HEADER = struct.Struct("!BBHII")
+RTP_HEADER_SIZE = RTP_HEADER.size
+PLAIN_FIRST_BYTE = 0x80  # version 2; no padding, extension or CSRCs
+_FIXED_FIELDS = struct.Struct("!xBHI")  # marker and payload type, sequence number, timestamp
 PACKET_SECONDS = SAMPLES_PER_PACKET / NARROW_RATE
+
+# A received packet's (payload type, sequence number, timestamp, payload).
+Parsed = tuple[int, int, int, bytes]
+
+
+def parse_rtp(data: bytes) -> Parsed | None:
+    """(payload type, sequence number, timestamp, payload) of an RTP packet; None for what is
+    not one. The plain 12-byte header is read with one unpack; a header with padding, an
+    extension or CSRCs (and whatever is not RTP) goes through aiortc's `RtpPacket.parse`,
+    which gives the same fields."""
+    if len(data) >= RTP_HEADER_SIZE and data[0] == PLAIN_FIRST_BYTE:
+        marker_type, sequence, timestamp = _FIXED_FIELDS.unpack_from(data)
+        return marker_type & 0x7F, sequence, timestamp, data[RTP_HEADER_SIZE:]
+    try:
+        packet = RtpPacket.parse(data)
+    except ValueError:
+        return None
+    return packet.payload_type, packet.sequence_number, packet.timestamp, packet.payload
+
 
 class _Poller:
     """The load-test streams' sockets, read on the shared tick (one epoll for all): it joins
@@ -74,32 +100,33 @@ class _Poller:
 
     def __init__(self) -> None:
         self._epoll = select.epoll()
-        self._streams: dict[int, RtpStream] = {}
+        self._readers: dict[int, Callable[[float], None]] = {}  # by file descriptor
         self._leave: Callable[[], None] | None = None
 
     def add(self, stream: RtpStream, sock: socket.socket) -> None:
         self._epoll.register(sock.fileno(), select.EPOLLIN)
-        self._streams[sock.fileno()] = stream
+        self._readers[sock.fileno()] = stream._read_one
         if self._leave is None:
             self._leave = send_tick().join(self._tick)
 
     def remove(self, sock: socket.socket) -> None:
-        if self._streams.pop(sock.fileno(), None) is not None:
+        if self._readers.pop(sock.fileno(), None) is not None:
             self._epoll.unregister(sock.fileno())
-        if not self._streams and self._leave is not None:
+        if not self._readers and self._leave is not None:
             self._leave()
             self._leave = None
 
     def _tick(self, tick_at: float, now: float) -> None:
         offset = wall_offset()
+        poll, readers = self._epoll.poll, self._readers
         for _ in range(self.ROUNDS):
-            ready = self._epoll.poll(0)
+            ready = poll(0)
             if not ready:
                 return
             for fd, _ in ready:
-                stream = self._streams.get(fd)
-                if stream is not None:
-                    stream._read_one(offset)
+                read = readers.get(fd)
+                if read is not None:
+                    read(offset)
 
 
 shared_poller = PerLoop(_Poller)  # the running loop's one
@@ -146,8 +173,10 @@ class RtpStream:
         self._silence_payload = self.encoder.silence
         self._silent_samples = np.zeros(call.rate // 50, dtype=np.float32)
         self._detector = DigitDetector()
+        self._next_payload = call.next_payload
         self._deferred: list[tuple[float, bytes]] = []
-        self._kept: list[tuple[float, bytes, Address]] = []  # load-test mode: as they came
+        # Load-test mode: (arrival, packet, source as the socket gives it), as they came.
+        self._kept: list[tuple[float, bytes, tuple[Any, ...]]] = []
         call.preencode(EncodedPlayback(self.encoder.encode_packets, call.rate // 50,
                                        self._silence_payload, f"{codec}/{call.rate}"))
         # Receive statistics.
@@ -191,20 +220,20 @@ class RtpStream:
     def _read_one(self, offset: float) -> None:
         """One datagram from the polled socket (its poller saw it readable), with its kernel
         arrival time (`offset`: wall clock minus monotonic), kept for after the call."""
-        if self._socket is None:
+        sock = self._socket
+        if sock is None:
             return
         try:
-            data, ancillary, _, source = self._socket.recvmsg(MAX_DATAGRAM + 1, ANCILLARY_BYTES)
+            data, ancillary, _, source = sock.recvmsg(MAX_DATAGRAM + 1, ANCILLARY_BYTES)
         except (BlockingIOError, InterruptedError):
             return
         except OSError:  # an ICMP error for an earlier send
             self.send_errors += 1
             return
-        arrived = arrival(ancillary, offset)
         if self.remote is None:  # symmetric RTP: the first packet names the remote
-            self.on_datagram(data, (source[0], source[1]), arrived)
+            self.on_datagram(data, (source[0], source[1]), arrival(ancillary, offset))
         else:
-            self._kept.append((arrived, data, source))
+            self._kept.append((arrival(ancillary, offset), data, source))
 
     def start(self, remote: Address | None) -> None:
         """Send to `remote` (None: to whoever sends first) from now on."""
@@ -220,8 +249,8 @@ class RtpStream:
         # The 12-byte header packed directly (RFC 3550 5.1: version 2, no padding, extension
         # or CSRCs): the same bytes as aiortc's RtpPacket.serialize, without an object per
         # packet.
-        header = RTP_HEADER.pack(0x80, (0x80 if marker else 0) | payload_type, self._sequence,
-                                 timestamp, self.ssrc)
+        header = RTP_HEADER.pack(PLAIN_FIRST_BYTE, (0x80 if marker else 0) | payload_type,
+                                 self._sequence, timestamp, self.ssrc)
         self._sequence = (self._sequence + 1) & 0xFFFF
         if self._socket is not None:
             try:
@@ -250,7 +279,7 @@ class RtpStream:
             if done is not None and not done.done():
                 done.set_result(None)
         else:
-            self._send(self.payload_type, self.call.next_payload(now), False, self._timestamp)
+            self._send(self.payload_type, self._next_payload(now), False, self._timestamp)
         self._timestamp = (self._timestamp + SAMPLES_PER_PACKET) & 0xFFFFFFFF
 
     async def send_dtmf(self, digits: str) -> None:
@@ -273,52 +302,63 @@ class RtpStream:
 
     def on_datagram(self, data: bytes, source: Address, arrived: float | None = None) -> None:
         now = time.monotonic() if arrived is None else arrived
+        if not self._admits(data, source):
+            return
+        parsed = parse_rtp(data)
+        if parsed is None:
+            self.foreign_packets += 1
+            return
+        payload_type, sequence, timestamp, payload = parsed
+        self._take(payload_type, sequence, timestamp, payload, now)
+
+    def _admits(self, data: bytes, source: Address) -> bool:
+        """Whether a datagram may be the remote's (its size and source); the first one names
+        the remote when it is not known (symmetric RTP). What is not is counted foreign."""
         if len(data) > MAX_DATAGRAM:
             self.foreign_packets += 1
-            return
-        if self.remote is None:
+            return False
+        remote = self.remote
+        if remote is None:
             self.remote = source  # symmetric RTP: answer whoever sent first
-        elif source != self.remote and (self.strict_source_port or source[0] != self.remote[0]):
+        elif source != remote and (self.strict_source_port or source[0] != remote[0]):
             self.foreign_packets += 1
-            return
-        try:
-            packet = RtpPacket.parse(data)
-        except ValueError:
-            self.foreign_packets += 1
-            return
-        if packet.payload_type == self.dtmf_payload_type:
-            self._count(packet, now)
-            digit = self._detector.feed(packet.timestamp, packet.payload)
-            if digit is not None:
-                event = {"type": "dtmf", "digit": digit, "transport": self.call.transport}
-                self.call.dtmf_received.append(self.call.add_event(event, now))
-            return
-        if packet.payload_type != self.payload_type:
-            self.foreign_packets += 1
-            return
-        self._count(packet, now)
-        if self.defer_decoding:
-            self._deferred.append((now, packet.payload))
-        else:
-            self.call.received.add_samples(self.decoder.decode(packet.payload), now)
+            return False
+        return True
 
-    def _count(self, packet: RtpPacket, now: float) -> None:
+    def _take(self, payload_type: int, sequence: int, timestamp: int, payload: bytes,
+              now: float) -> None:
+        """A packet from the remote, parsed: counted (RFC 3550 A.3 sequence numbers, 6.4.1
+        jitter of the audio), a telephone-event fed to the digit detector, audio decoded or
+        kept; another payload type is foreign."""
+        audio = payload_type == self.payload_type
+        event = payload_type == self.dtmf_payload_type
+        if not (audio or event):
+            self.foreign_packets += 1
+            return
         self.packets_received += 1
-        seq = packet.sequence_number
         if self._base_seq is None:
-            self._base_seq = seq
-            self._max_seq = seq
+            self._base_seq = self._max_seq = sequence
         else:
-            cycles, low = self._max_seq & ~0xFFFF, self._max_seq & 0xFFFF
-            delta = (seq - low) & 0xFFFF
-            if delta < 0x8000:  # in order (or a jump ahead)
-                extended = cycles + seq + (0x10000 if seq < low else 0)
-                self._max_seq = max(self._max_seq, extended)
-        if packet.payload_type == self.payload_type:
-            transit = now - packet.timestamp / NARROW_RATE
-            if self._last_transit is not None:
-                self._jitter += (abs(transit - self._last_transit) - self._jitter) / 16
+            # Ahead of the highest by less than half the sequence space (a wrap included):
+            # the new highest, extended with wrap cycles; otherwise late or a duplicate.
+            ahead = (sequence - self._max_seq) & 0xFFFF
+            if ahead < 0x8000:
+                self._max_seq += ahead
+        if audio:
+            transit = now - timestamp / NARROW_RATE
+            last = self._last_transit
+            if last is not None:
+                self._jitter += (abs(transit - last) - self._jitter) / 16
             self._last_transit = transit
+        if event:
+            digit = self._detector.feed(timestamp, payload)
+            if digit is not None:
+                pressed = {"type": "dtmf", "digit": digit, "transport": self.call.transport}
+                self.call.dtmf_received.append(self.call.add_event(pressed, now))
+        elif self.defer_decoding:
+            self._deferred.append((now, payload))
+        else:
+            self.call.received.add_samples(self.decoder.decode(payload), now)
 
     @property
     def packets_expected(self) -> int:
@@ -350,16 +390,30 @@ class RtpStream:
 
     def _finish_kept(self) -> None:
         kept, self._kept = self._kept, []
+        take, remote = self._take, self.remote
         for arrived, data, source in kept:
-            self.on_datagram(data, (source[0], source[1]), arrived)
+            # The remote's own packets skip `_admits` (one comparison: what the socket gives
+            # for an IPv4 source is the address as the remote is kept).
+            if source != remote or len(data) > MAX_DATAGRAM:
+                if not self._admits(data, (source[0], source[1])):
+                    continue
+                remote = self.remote
+            parsed = parse_rtp(data)
+            if parsed is None:
+                self.foreign_packets += 1
+                continue
+            payload_type, sequence, timestamp, payload = parsed
+            take(payload_type, sequence, timestamp, payload, arrived)
         self._publish_statistics()
         if self._deferred:
             self._decode_deferred()
 
     def _decode_deferred(self) -> None:
         decoded = self.decoder.decode_many([payload for _, payload in self._deferred])
+        # Float32 mono at the call's rate, one dimension: nothing for `add_samples` to convert.
+        add = self.call.received.add_piece
         for (arrived, _), samples in zip(self._deferred, decoded, strict=True):
-            self.call.received.add_samples(samples, arrived)
+            add(samples, arrived)
         self._deferred = []
 
     async def close(self) -> None:
