@@ -4,8 +4,9 @@ that use it and closed when the last lets go.
 
 A session of its own per request costs a connector, a TCP connection and its handshake on
 both sides, and the agent an accept, for every request: in a load test of short RTP calls
-(a create and a delete each) most of the peer's set-up of a call. Shared, the
-requests of all the calls of a loop go over kept-alive connections. Websockets (the
+the HTTP work (a create, a delete and the sideband's websocket) was about half of the peer's
+set-up of a call under cProfile. Shared, the requests of all the calls of a loop go over
+kept-alive connections. Websockets (the
 sideband, the media stream) keep a session of their own: one lives as long as its call,
 and a session's total timeout, which bounds each short request here, must not bound it.
 
