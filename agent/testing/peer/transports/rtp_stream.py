@@ -23,8 +23,8 @@ Telephone-events become `dtmf` events. Sequence numbers give packets received an
 plain 12-byte header (version 2, no padding, extension or CSRCs: what G.711 senders send) are
 read with one `struct` unpack (`parse_rtp`), anything else with aiortc's `RtpPacket`: an
 object per packet cost twice what parsing and counting it now cost after a load test's call.
-The live path (`on_datagram`) and the replay of the kept packets (`_finish_kept`) share the
-checks of the source (`_admits`) and the counting (`_take`).
+The kept packets of a load test are replayed through `on_datagram` after the call, as
+packets are taken live otherwise.
 """
 
 from __future__ import annotations
@@ -173,7 +173,6 @@ class RtpStream:
         self._silence_payload = self.encoder.silence
         self._silent_samples = np.zeros(call.rate // 50, dtype=np.float32)
         self._detector = DigitDetector()
-        self._next_payload = call.next_payload
         self._deferred: list[tuple[float, bytes]] = []
         # Load-test mode: (arrival, packet, source as the socket gives it), as they came.
         self._kept: list[tuple[float, bytes, tuple[Any, ...]]] = []
@@ -279,7 +278,7 @@ class RtpStream:
             if done is not None and not done.done():
                 done.set_result(None)
         else:
-            self._send(self.payload_type, self._next_payload(now), False, self._timestamp)
+            self._send(self.payload_type, self.call.next_payload(now), False, self._timestamp)
         self._timestamp = (self._timestamp + SAMPLES_PER_PACKET) & 0xFFFFFFFF
 
     async def send_dtmf(self, digits: str) -> None:
@@ -390,20 +389,8 @@ class RtpStream:
 
     def _finish_kept(self) -> None:
         kept, self._kept = self._kept, []
-        take, remote = self._take, self.remote
         for arrived, data, source in kept:
-            # The remote's own packets skip `_admits` (one comparison: what the socket gives
-            # for an IPv4 source is the address as the remote is kept).
-            if source != remote or len(data) > MAX_DATAGRAM:
-                if not self._admits(data, (source[0], source[1])):
-                    continue
-                remote = self.remote
-            parsed = parse_rtp(data)
-            if parsed is None:
-                self.foreign_packets += 1
-                continue
-            payload_type, sequence, timestamp, payload = parsed
-            take(payload_type, sequence, timestamp, payload, arrived)
+            self.on_datagram(data, (source[0], source[1]), arrived)
         self._publish_statistics()
         if self._deferred:
             self._decode_deferred()
