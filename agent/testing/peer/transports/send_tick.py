@@ -80,26 +80,24 @@ class PeerTick:
         """Call `send_due(tick_at, now)` on every send tick from now on; returns the call that
         stops it (safe to call more than once). Senders run in the order they joined, after
         the polls of the same wake-up."""
-        key = next(self._keys)
-        self._senders[key] = send_due
-        self._start()
-
-        def leave() -> None:
-            self._senders.pop(key, None)
-
-        return leave
+        return self._add(self._senders, send_due)
 
     def join_poll(self, poll: Poll) -> Callable[[], None]:
         """Call `poll()` every step (5 ms) from now on; returns the call that stops it."""
-        key = next(self._keys)
-        self._polls[key] = poll
-        self._start()
+        leave = self._add(self._polls, poll)
         sooner = self._next_step(self._step_now())
         if self._handle is not None and not self._starting and self._due_step > sooner:
             self._schedule(sooner)  # the next step, not the next send tick
+        return leave
+
+    def _add(self, group: dict[int, Callable[..., None]],
+             call: Callable[..., None]) -> Callable[[], None]:
+        key = next(self._keys)
+        group[key] = call
+        self._start()
 
         def leave() -> None:
-            self._polls.pop(key, None)
+            group.pop(key, None)
 
         return leave
 
