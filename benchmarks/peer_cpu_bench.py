@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import statistics
 import time
 from dataclasses import dataclass
 
@@ -95,12 +96,6 @@ def run_level(pid: int, url: str, transport: str, count: int, seconds: float) ->
                agent_cpu / call_seconds)
 
 
-def median(values: list[float]) -> float:
-    ordered = sorted(values)
-    middle = len(ordered) // 2
-    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -138,9 +133,9 @@ def main() -> None:
           "agent / peer live | agent / peer all |")
     print("| --- | --- | --- | --- | --- | --- | --- |")
     for (transport, count), runs in rows.items():
-        live = median([r.peer_live for r in runs])
-        after = median([r.peer_measure for r in runs])
-        agent = median([r.agent for r in runs])
+        live = statistics.median([r.peer_live for r in runs])
+        after = statistics.median([r.peer_measure for r in runs])
+        agent = statistics.median([r.agent for r in runs])
         ratios = [r.agent / r.peer_live for r in runs]
         passed = sum(r.passed for r in runs)
         print(f"| {transport} | {passed}/{count * len(runs)} | {live:.4f} | {after:.4f} | "
