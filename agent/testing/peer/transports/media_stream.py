@@ -414,9 +414,9 @@ class MediaStreamCall(PeerCall):
             if audio is not None:
                 arrivals.append(arrived)
                 payloads.append(audio)
-        decoded = self._decoder.decode_many(payloads)
+        decoded = self._decoder.decode_many(payloads)  # float32 mono at the call's rate
         for arrived, samples in zip(arrivals, decoded, strict=True):
-            self.received.add_samples(samples, arrived)
+            self.received.add_piece(samples, arrived)
 
 
 def _is_media(data: str) -> bool:
