@@ -112,6 +112,36 @@ async def test_the_grid_starts_when_the_first_wake_up_runs() -> None:
         clock.close()
 
 
+async def test_members_joining_during_a_wake_up_keep_the_grid() -> None:
+    # A member that joins from inside a tick (a media-stream read that saw a burst asks for
+    # 5 ms reads; a call that starts sending from a callback) must not restart the grid:
+    # once, that left the next wake-up scheduled as many steps after a new grid's start as
+    # the old one had run, seconds of no sends and no reads into a call.
+    clock = PeerTick()
+    sends: list[float] = []
+    polls: list[float] = []
+    leaves = []
+
+    def send_due(tick_at: float, now: float) -> None:
+        sends.append(now)
+        if len(sends) in (25, 40):
+            leaves.append(clock.join_poll(lambda: polls.append(time.monotonic())))
+        if len(sends) == 30:
+            leaves.append(clock.join(lambda tick_at, now: None))
+
+    leaves.append(clock.join(send_due))
+    try:
+        await wait_until(lambda: len(sends) >= 50, timeout=10)
+        gaps = [b - a for a, b in zip(sends, sends[1:], strict=False)]
+        # Late wake-ups on a loaded machine skip whole ticks, but never a second of them.
+        assert max(gaps) < 0.3, f"a {max(gaps) * 1000:.0f} ms gap between send ticks"
+        assert polls and clock.polls() == 2
+    finally:
+        for leave in leaves:
+            leave()
+        clock.close()
+
+
 async def test_a_failing_sender_is_dropped_and_the_others_go_on(
         caplog: pytest.LogCaptureFixture) -> None:
     clock = PeerTick()

@@ -63,6 +63,7 @@ class PeerTick:
         self._due_step = 0  # the grid step the pending wake-up is for
         self._anchor = 0.0  # monotonic time of step 0
         self._starting = False  # started, its first wake-up (step 0) still to run
+        self._waking = False  # inside a wake-up, which schedules the next one as it ends
         self._last_send_step = -1
         self.wakeups = 0
         self.failures = 0  # senders and polls dropped for raising
@@ -111,7 +112,9 @@ class PeerTick:
     # -- the timer ------------------------------------------------------------------------
 
     def _start(self) -> None:
-        if self._handle is not None:
+        # A member joining from inside a wake-up (a read that saw a burst asking for polls)
+        # finds no pending handle, but the grid runs: the wake-up schedules the next one.
+        if self._handle is not None or self._waking:
             return
         self._loop = asyncio.get_running_loop()
         self._starting = True  # the grid starts when the first wake-up runs (the loop may
@@ -147,6 +150,16 @@ class PeerTick:
             self._starting = False
             self._anchor = time.monotonic()
         self.wakeups += 1
+        self._waking = True
+        try:
+            step = self._run_members()
+        finally:
+            self._waking = False
+        if len(self):
+            self._schedule(self._next_step(step))
+
+    def _run_members(self) -> int:
+        """The polls, then the senders if a send tick passed; returns the step run."""
         step = max(self._step_now(), self._due_step)
         now = time.monotonic()
         for key, poll in list(self._polls.items()):
@@ -159,8 +172,7 @@ class PeerTick:
             tick_at = self._anchor + send_step * self.step_seconds
             for key, send_due in list(self._senders.items()):
                 self._run(self._senders, key, send_due, tick_at, now)
-        if len(self):
-            self._schedule(self._next_step(step))
+        return step
 
     def _run(self, group: dict[int, Callable[..., None]], key: int,
              call: Callable[..., None], *args: float) -> None:
