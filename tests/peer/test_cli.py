@@ -85,7 +85,10 @@ async def test_repeated_concurrent_calls_report_percentiles(echo_agent: RunningA
     assert body["ok"] and body["passed"] == 2 and body["concurrency"] == 2
     assert body["aggregates"]["delay_ms"]["n"] == 2
     assert set(body["aggregates"]["delay_ms"]) == {"n", "p50", "p95"}
-    assert err == ""  # no progress bar when stderr is not a terminal
+    # The peer's own load, for telling whether it limited the run.
+    load = body["peer_load"]
+    assert load["cpu_per_call_second"] > 0 and 0 < load["busiest_share"] < 0.9
+    assert err == ""  # no progress bar when stderr is not a terminal, no peer_busy warning
 
 
 @pytest.mark.parametrize("extra,deferred", [

@@ -50,3 +50,11 @@ async def test_a_load_run_measures_its_calls_after_the_last_has_ended(
         assert report.ok, report
         assert report.correlation is not None and report.correlation > 0.8
         assert report.checks and report.agent_speech
+    # The peer's own load: what it spent while the calls ran and measuring them afterwards.
+    own = run.own_load
+    assert own is not None and own.seconds > 3.0  # two rounds of 1.5 s calls
+    assert 0 < own.loop_cpu_seconds <= own.process_cpu_seconds + 0.01
+    assert own.call_seconds >= 3 * 1.4 and own.analysis_cpu_seconds > 0
+    assert own.cpu_per_call_second is not None and own.cpu_per_call_second > 0
+    assert own.warning() is None  # three RTP calls are nothing to the peer
+    assert run.to_json()["peer_load"]["tick_late_max_ms"] == round(own.tick_late_max_ms, 1)

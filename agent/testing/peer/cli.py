@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from agent.cli_errors import CliError, exit_with_error
+from agent.testing.peer.own_load import OwnLoad
 from agent.testing.peer.recording import PEER_RATE
 from agent.testing.peer.report import CallReport, CheckResult, RunReport
 from agent.testing.peer.transports.base import TRANSPORTS, PeerOptions
@@ -162,10 +163,25 @@ def print_report(run: RunReport) -> None:
               f"{run.seconds:.1f} s (concurrency {run.concurrency})")
         for name, figures in run.aggregates().items():
             print(f"  {name}: p50={figures['p50']} p95={figures['p95']} n={figures['n']}")
+        if run.own_load is not None:
+            print(f"  {own_load_line(run.own_load)}")
+
+
+def own_load_line(own: OwnLoad) -> str:
+    per_call = own.cpu_per_call_second
+    return (f"peer's own load: event loop {own.share:.0%} of a core "
+            f"({own.busiest_share:.0%} at its busiest second), "
+            + ("" if per_call is None else f"{per_call:.4f} CPU s per call-second, ")
+            + f"send tick at most {own.tick_late_max_ms:.1f} ms late, "
+            f"{own.analysis_cpu_seconds:.2f} CPU s measuring afterwards")
 
 
 def report_failures(run: RunReport) -> None:
-    """One line on stderr per call that failed, saying why."""
+    """One line on stderr per call that failed, saying why; and one when the peer itself
+    was busy enough to limit its calls."""
+    warning = run.own_load.warning() if run.own_load is not None else None
+    if warning is not None:
+        print(f"warning [peer_busy]: {warning}", file=sys.stderr)
     for index, report in enumerate(run.calls):
         if report.ok:
             continue

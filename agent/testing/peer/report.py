@@ -94,8 +94,56 @@ def percentile(values: list[float], q: float) -> float | None:
     return round(ordered[low] + (ordered[high] - ordered[low]) * (rank - low), 3)
 
 
+BUSY_SHARE = 0.9  # the peer's loop thread busier than this (of one core) limits its calls
+
 AGGREGATED = ("connect_seconds", "first_audio_ms", "delay_ms", "jitter_ms", "max_gap_ms",
               "packets_lost", "pesq")
+
+
+@dataclass
+class OwnLoad:
+    """The peer's own CPU and pacing during a run of calls (own_load.py measures it)."""
+
+    seconds: float = 0.0  # wall time while the calls ran
+    loop_cpu_seconds: float = 0.0  # the event loop thread's CPU meanwhile
+    busiest_share: float = 0.0  # its CPU / wall time in the busiest INTERVAL (one core = 1)
+    process_cpu_seconds: float = 0.0  # the whole process's CPU while the calls ran
+    analysis_cpu_seconds: float = 0.0  # the process's CPU measuring them afterwards
+    call_seconds: float = 0.0  # the calls' audio sent, summed
+    tick_late_max_ms: float = 0.0  # the latest a send tick ran after its time
+
+    @property
+    def share(self) -> float:
+        """The loop thread's CPU over the whole run, as a share of one core."""
+        return self.loop_cpu_seconds / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def cpu_per_call_second(self) -> float | None:
+        """The process's CPU while the calls ran, per second of call."""
+        if self.call_seconds <= 0:
+            return None
+        return self.process_cpu_seconds / self.call_seconds
+
+    def warning(self) -> str | None:
+        """One line when the peer itself was busy enough to limit its calls, else None."""
+        if self.busiest_share < BUSY_SHARE:
+            return None
+        return (f"the peer's event loop was busy {self.busiest_share:.0%} of a core at its "
+                f"busiest (send tick up to {self.tick_late_max_ms:.0f} ms late): the figures "
+                "may measure the peer, not the agent; run fewer calls per peer process")
+
+    def to_json(self) -> dict[str, Any]:
+        per_call = self.cpu_per_call_second
+        return {
+            "seconds": round(self.seconds, 3),
+            "loop_cpu_seconds": round(self.loop_cpu_seconds, 3),
+            "share": round(self.share, 3),
+            "busiest_share": round(self.busiest_share, 3),
+            "process_cpu_seconds": round(self.process_cpu_seconds, 3),
+            "cpu_per_call_second": None if per_call is None else round(per_call, 5),
+            "analysis_cpu_seconds": round(self.analysis_cpu_seconds, 3),
+            "tick_late_max_ms": round(self.tick_late_max_ms, 1),
+        }
 
 
 @dataclass
@@ -106,6 +154,7 @@ class RunReport:
     calls: list[CallReport] = field(default_factory=list)
     seconds: float = 0.0  # wall time of the whole run
     concurrency: int = 1
+    own_load: OwnLoad | None = None  # the peer's own CPU and pacing during the run
 
     @property
     def ok(self) -> bool:
@@ -139,4 +188,5 @@ class RunReport:
             "seconds": round(self.seconds, 3),
             "concurrency": self.concurrency,
             "aggregates": self.aggregates(),
+            **({"peer_load": self.own_load.to_json()} if self.own_load is not None else {}),
         }

@@ -28,6 +28,7 @@ from agent.testing.peer import checks as judging
 from agent.testing.peer.aligned import CallAudio, on_timeline, shared_low_rate, timeline_length
 from agent.testing.peer.call import place_call
 from agent.testing.peer.measure import measure_into
+from agent.testing.peer.own_load import LoadWatch
 from agent.testing.peer.quality import mode_for
 from agent.testing.peer.quality import score as pesq_score
 from agent.testing.peer.recording import Recording
@@ -245,12 +246,18 @@ async def run_calls(plan: CallPlan, repeat: int = 1, concurrency: int = 1,
         return report
 
     done: list[CallReport] = []
+    watch = LoadWatch()
+    watch.start()
     try:
         reports = await asyncio.gather(*(gated(i) for i in range(repeat)))
     finally:
+        own = await watch.stop()
         if bar is not None:
             bar.close()
     if later:
+        before = time.process_time()
         await asyncio.to_thread(_measure_and_analyse, plan, held, progress)
+        own.analysis_cpu_seconds = time.process_time() - before
+    own.call_seconds = sum(report.seconds_sent or 0.0 for report in reports)
     return RunReport(calls=list(reports), seconds=time.monotonic() - started,
-                     concurrency=concurrency)
+                     concurrency=concurrency, own_load=own)

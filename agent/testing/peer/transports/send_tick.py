@@ -67,6 +67,7 @@ class PeerTick:
         self._last_send_step = -1
         self.wakeups = 0
         self.failures = 0  # senders and polls dropped for raising
+        self.late_max = 0.0  # the latest a wake-up ran after its step's time (seconds)
 
     def __len__(self) -> int:
         return len(self._senders) + len(self._polls)
@@ -162,6 +163,9 @@ class PeerTick:
         """The polls, then the senders if a send tick passed; returns the step run."""
         step = max(self._step_now(), self._due_step)
         now = time.monotonic()
+        late = now - (self._anchor + self._due_step * self.step_seconds)
+        if late > self.late_max:
+            self.late_max = late
         for key, poll in list(self._polls.items()):
             self._run(self._polls, key, poll)
         send_step = step - step % self.polls_per_send
