@@ -52,6 +52,15 @@ async def test_an_idle_run_is_neither_busy_nor_warned_about() -> None:
     assert own.warning() is None
 
 
+async def test_a_run_shorter_than_an_interval_is_never_busy() -> None:
+    # A call that fails to connect is a few milliseconds of set-up: all CPU, no call held up.
+    watch = LoadWatch(interval=1.0)
+    watch.start()
+    burn(0.05)
+    own = await watch.stop()
+    assert own.share > 0.5 and own.busiest_share == 0.0 and own.warning() is None
+
+
 def test_the_warning_comes_at_the_busy_share_and_says_what_to_do() -> None:
     assert OwnLoad(busiest_share=BUSY_SHARE - 0.01).warning() is None
     line = OwnLoad(busiest_share=0.97, tick_late_max_ms=42.0).warning()

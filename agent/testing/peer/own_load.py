@@ -66,14 +66,12 @@ class LoadWatch:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
-        seconds = now - self._started
-        loop_cpu = used - self._thread_started
-        share = loop_cpu / seconds if seconds > 0 else 0.0
         return OwnLoad(
-            seconds=seconds,
-            loop_cpu_seconds=loop_cpu,
-            # (a run shorter than one interval has the whole run as its only one)
-            busiest_share=max(self._busiest, share),
+            seconds=now - self._started,
+            loop_cpu_seconds=used - self._thread_started,
+            # Whole intervals only: a run of a few milliseconds (a call that failed to
+            # connect) is all set-up, busy without holding up any call.
+            busiest_share=self._busiest,
             process_cpu_seconds=process - self._process_started,
             tick_late_max_ms=send_tick().late_max * 1000,
         )

@@ -106,7 +106,7 @@ class OwnLoad:
 
     seconds: float = 0.0  # wall time while the calls ran
     loop_cpu_seconds: float = 0.0  # the event loop thread's CPU meanwhile
-    busiest_share: float = 0.0  # its CPU / wall time in the busiest INTERVAL (one core = 1)
+    busiest_share: float = 0.0  # its CPU / wall in the busiest whole INTERVAL (one core = 1)
     process_cpu_seconds: float = 0.0  # the whole process's CPU while the calls ran
     analysis_cpu_seconds: float = 0.0  # the process's CPU measuring them afterwards
     call_seconds: float = 0.0  # the calls' audio sent, summed
