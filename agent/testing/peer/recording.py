@@ -100,14 +100,8 @@ class Recording:
         if not self.keep_audio:
             self.add_samples(samples, arrived)
             return
-        if self.first_at is None:
-            self.first_at = arrived
-        self.arrivals.append(arrived)
-        self.offsets.append(self.kept_samples + self.counted_samples)
-        self.chunks.append(samples)
-        self.kept_samples += len(samples)
-        if self._derived:
-            self._derived.clear()
+        self._note(arrived)
+        self._keep(samples)
 
     def _keep(self, chunk: np.ndarray) -> None:
         self.chunks.append(chunk)

@@ -258,6 +258,6 @@ async def run_calls(plan: CallPlan, repeat: int = 1, concurrency: int = 1,
         before = time.process_time()
         await asyncio.to_thread(_measure_and_analyse, plan, held, progress)
         own.analysis_cpu_seconds = time.process_time() - before
-    own.call_seconds = sum(report.seconds_sent or 0.0 for report in reports)
+    own.call_seconds = sum(report.seconds_sent for report in reports)
     return RunReport(calls=list(reports), seconds=time.monotonic() - started,
                      concurrency=concurrency, own_load=own)

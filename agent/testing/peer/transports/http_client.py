@@ -6,9 +6,9 @@ A session of its own per request costs a connector, a TCP connection and its han
 both sides, and the agent an accept, for every request: in a load test of short RTP calls
 the HTTP work (a create, a delete and the sideband's websocket) was about half of the peer's
 set-up of a call under cProfile. Shared, the requests of all the calls of a loop go over
-kept-alive connections. Websockets (the
-sideband, the media stream) keep a session of their own: one lives as long as its call,
-and a session's total timeout, which bounds each short request here, must not bound it.
+kept-alive connections. Websockets (the sideband, the media stream) keep a session of their
+own: one lives as long as its call, and a session's total timeout, which bounds each short
+request here, must not bound it.
 
 A call takes the client with `hold` and gives it back with `release` (`PeerCall.requests`
 and `PeerCall.begin_close` do both); sessions differ by certificate checking and request

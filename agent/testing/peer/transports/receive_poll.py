@@ -15,9 +15,9 @@ a read takes), so a message read alone keeps its exact arrival, not the read's t
 merges segments that wait together in a socket, so two messages of one connection waiting
 for the same read share the later one's time. A paced stream has one message per 20 ms:
 with a healthy agent a read almost always finds one (on loopback, 8 and 32 calls of 4 s:
-at most 0.5 % of the reads held two). A reader that finds several (`hurry`: a burst after the agent
-stalled) has the connections read every 5 ms for the next `HURRY_SECONDS`, so only the
-first read of a burst is up to 20 ms off, the rest less than 5 ms. Where `deliver` says to
+at most 0.5 % of the reads held two). A reader that finds several (`hurry`: a burst after
+the agent stalled) has the connections read every 5 ms for the next `HURRY_SECONDS`, so
+only the first read of a burst is up to 20 ms off, the rest less than 5 ms. Where `deliver` says to
 stop, or the socket ends or fails, the connection goes back to its transport
 (`resume_reading`), which then reads it as before (and sees the end itself). Linux and plain
 TCP only (epoll, the timestamps, bytes as they come off the socket): for TLS or elsewhere

@@ -2,16 +2,16 @@
 rtp and sip transports.
 
 A UDP socket on the event loop (asyncio datagram endpoint). Sending: audio is encoded when
-it is queued (`PeerCall.preencode`), and every stream of the process is driven by one
-`SendClock` (agent/audio/send_clock.py: one timer for all, each stream's own `Pacer`), so a
-send is a slice of bytes and a `sendto`; while digits are being sent their telephone-event
+it is queued (`PeerCall.preencode`), and every stream of the event loop is driven by one
+`PeerTick` (send_tick.py: one timer for all, each stream's own `Pacer`), so a send is a
+slice of bytes and a `sendto`; while digits are being sent their telephone-event
 packets take the audio's place. Receiving: packets from the remote (or any source until the
 first one, when the remote is not known: symmetric RTP) are decoded into the call's
 `received` recording as they come, or, with `extra["defer_decoding"]` (a load test without a
 script: nothing reads the audio during the call), kept as bytes and decoded after the call
 (`PeerCall.finish_recordings`).
-In that load-test mode the socket is not on the event loop at all: each tick of the shared
-send clock first reads what every stream's socket holds (`_Poller`: one epoll for all of
+In that load-test mode the socket is not on the event loop at all: each wake-up of the shared
+tick first reads what every stream's socket holds (`_Poller`: one epoll for all of
 them, asked until nothing is ready, so an empty socket costs no failed `recvmsg`), with each
 packet's arrival time from the kernel (`SO_TIMESTAMPNS`), then sends. A datagram then costs
 no wake-up and no selector round of its own (those were most of the peer's CPU per RTP
@@ -94,7 +94,7 @@ def parse_rtp(data: bytes) -> Parsed | None:
 
 class _Poller:
     """The load-test streams' sockets, read on the shared tick (one epoll for all): it joins
-    the send clock before any of its streams, so each tick reads before it sends."""
+    the shared tick before any of its streams, so each tick reads before it sends."""
 
     ROUNDS = 8  # a socket holding more than this many datagrams is read on later ticks too
 
@@ -260,7 +260,7 @@ class RtpStream:
             self._transport.sendto(header + payload, self.remote)
 
     def _send_due(self, tick_at: float, now: float) -> None:
-        """On the shared send clock's tick (after the poller read what arrived, in load-test
+        """On the shared tick's send step (after the poller read what arrived, in load-test
         mode): the packets now due (normally one)."""
         for _ in range(self._pacer.take_due(tick_at, now)):
             self._send_one(now)
