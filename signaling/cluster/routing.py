@@ -50,6 +50,7 @@ from signaling.cluster.store import StoreDown
 from signaling.cors import with_cors_headers
 from signaling.errors import ApiError, error_response, json_error
 from signaling.keys import AGENT_KEY
+from signaling.sip.outbound_api import SIP_CALLS_PATH
 from signaling.slow_clients import read_body_in_time
 from signaling.telephony import RTP_PATH
 from signaling.workers.channel import carries_body, from_a_worker
@@ -59,8 +60,11 @@ log = logging.getLogger(__name__)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 # A call's or leg's own routes (hang-up, DTMF, accept, reject, ...): its owner answers them.
+# Every route of the app naming a {call_id} must match one of these (and the workers'
+# OWNED_PATHS): tests/cluster/test_call_routes.py checks both against the routes.
 CALL_PATHS = (re.compile(rf"^{CALLS_PATH}/([^/]+)(?:/[^/]+)?$"),
-              re.compile(rf"^{RTP_PATH}/([^/]+)$"))
+              re.compile(rf"^{RTP_PATH}/([^/]+)$"),
+              re.compile(rf"^{SIP_CALLS_PATH}/([^/]+)(?:/hangup)?$"))
 HOLD_MS = 30_000  # a placed slot not yet a call is counted this long at most
 SECRETS_PATH = "/v1/realtime/client_secrets"
 
