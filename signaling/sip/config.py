@@ -12,6 +12,7 @@ from urllib.parse import urlsplit
 from standardwebhooks import Webhook
 
 from agent.telephony.address_policy import DEFAULT_RTP_ALLOW, IPNetwork, parse_networks
+from signaling.sip import budget as sip_budget
 from signaling.sip import guard as sip_guard
 from signaling.sip import sdes as sip_sdes
 from signaling.sip import tls as sip_tls
@@ -45,6 +46,8 @@ class SipConfig:
     trunks: Mapping[str, Trunk] = field(default_factory=dict)
     ring_timeout: float = DEFAULT_RING_TIMEOUT
     guard: sip_guard.GuardSettings = field(default_factory=sip_guard.GuardSettings)  # guard.py
+    budget: sip_budget.BudgetSettings = field(  # every message, transactions, TCP (budget.py)
+        default_factory=sip_budget.BudgetSettings)
     tls: sip_tls.SipTlsSettings | None = None  # --sip-tls-cert: also SIP over TLS (tls.py)
     srtp: str = sip_sdes.DEFAULT_MODE  # --sip-srtp off|offer|require (sdes.py)
     caller_auth: CallerAuthSettings | None = None  # --sip-auth-file (caller_auth.py)
@@ -127,6 +130,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="with --sip-webhook, answer 480 when no accept or reject came "
                        f"within S seconds (default {DEFAULT_ACCEPT_TIMEOUT:g})")
     sip_guard.add_arguments(group)  # --sip-invite-rate/-burst/-table
+    sip_budget.add_arguments(group)  # --sip-message-rate/-burst, --sip-max-transactions, TCP
     sip_tls.add_arguments(group, parse_listen)  # --sip-tls-cert/-key/-listen/-ca
     sip_sdes.add_arguments(group)  # --sip-srtp
     group.add_argument("--sip-auth-file", default=None, metavar="FILE",
@@ -167,6 +171,7 @@ def config_from_args(args: argparse.Namespace) -> SipConfig | None:
         ring_seconds=args.sip_ring_seconds, webhook_url=args.sip_webhook,
         webhook_secret=secret, accept_timeout=args.sip_accept_timeout,
         guard=sip_guard.settings_from_args(args),
+        budget=sip_budget.settings_from_args(args),
         tls=sip_tls.settings_from_args(args, host, port),
         trunks=load_trunks(trunks_file) if trunks_file else {},
         ring_timeout=getattr(args, "sip_ring_timeout", DEFAULT_RING_TIMEOUT),

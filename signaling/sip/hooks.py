@@ -55,6 +55,9 @@ class DialogHooks:
         hook = self._ack_hooks.get(dialog)
         return hook is not None and hook(request)
 
+    def __contains__(self, dialog: object) -> bool:
+        return dialog in self._hooks or dialog in self._ack_hooks
+
     def __len__(self) -> int:
         return (sum(len(hooks) for hooks in self._hooks.values())
                 + len(self._ack_hooks))

@@ -4,10 +4,13 @@ in, bytes out, nothing more.
 The UDP socket hands each datagram to the user agent as one message. TCP connections cut
 their byte stream into messages by Content-Length (`message.frame_stream`), answer RFC 5626
 keep-alives (CRLF CRLF → CRLF), and close on a framing error (after the 400/413 the user
-agent writes), after `TCP_IDLE_SECONDS` without a byte, or at once when the peer's address
-is not allowed to talk SIP. Every message comes with its `Flow`: where it came from and how
-to answer on the same path. Outbound requests over TCP reuse a connection to the same peer
-or open one (bounded in time).
+agent writes), after `TCP_IDLE_SECONDS` without a byte, at once when the peer's address
+is not allowed to talk SIP or already holds `tcp_per_address` connections
+(`--sip-tcp-per-address`), and when a connection accepted here has not delivered a whole
+message (or keep-alive) within `header_timeout` (`--sip-header-timeout`) of its accept or
+of the first byte of a message: a slow or silent peer cannot hold sockets open for long.
+Every message comes with its `Flow`: where it came from and how to answer on the same path.
+Outbound requests over TCP reuse a connection to the same peer or open one (bounded in time).
 
 Why our own: no SIP library on PyPI is fit (docs/sip.md).
 """
@@ -18,6 +21,7 @@ import asyncio
 import errno
 import logging
 import ssl
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -31,6 +35,8 @@ Address = tuple[str, int]
 TCP_IDLE_SECONDS = 300.0
 TCP_CONNECT_SECONDS = 5.0
 MAX_TCP_CONNECTIONS = 1024
+TCP_PER_ADDRESS = 64  # connections from one IP address at once
+HEADER_TIMEOUT = 10.0  # seconds for an accepted connection's message to arrive whole
 MAX_DATAGRAM = 65535
 
 
@@ -74,15 +80,17 @@ class _UdpProtocol(asyncio.DatagramProtocol):
 class TcpConnection(asyncio.Protocol):
     """One stream connection: plain TCP, or TLS (`kind`), the same framing either way."""
 
-    def __init__(self, owner: SipTransports, kind: str = "TCP") -> None:
+    def __init__(self, owner: SipTransports, kind: str = "TCP", inbound: bool = False) -> None:
         self.owner = owner
         self.kind = kind
+        self.inbound = inbound  # accepted here (the header deadline applies), not opened
         self.transport: asyncio.Transport | None = None
         self.remote: Address = ("", 0)
         self.local: Address = ("", 0)
         self.flow: Flow | None = None
         self._buffer = bytearray()
         self._idle: asyncio.TimerHandle | None = None
+        self._header: asyncio.TimerHandle | None = None  # a message due whole by then
         self.closed = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -96,6 +104,24 @@ class TcpConnection(asyncio.Protocol):
             self.closed = True
             return
         self._touch()
+        if self.inbound:
+            self._expect_message()
+
+    def _expect_message(self) -> None:
+        """Arm the header deadline, unless it already runs (a slow sender does not push it
+        back by trickling bytes)."""
+        timeout = self.owner.header_timeout
+        if self._header is None and timeout > 0:
+            self._header = asyncio.get_running_loop().call_later(timeout, self._header_late)
+
+    def _header_late(self) -> None:
+        self._header = None
+        if self.closed:
+            return
+        self.owner.header_timeouts += 1
+        log.info("sip: closed a %s connection from %s: no whole message within %g s "
+                 "(--sip-header-timeout)", self.kind, self.remote[0], self.owner.header_timeout)
+        self.close()
 
     def _touch(self) -> None:
         if self._idle is not None:
@@ -122,6 +148,11 @@ class TcpConnection(asyncio.Protocol):
                 self.close()  # the stream cannot be resynchronised
                 return
             self._take(frame)
+            if self._header is not None:  # a whole message came: the deadline is met
+                self._header.cancel()
+                self._header = None
+        if self._buffer and not self.closed and self.inbound:
+            self._expect_message()  # part of the next message: it is due whole in time
 
     def _take(self, frame: Frame) -> None:
         del self._buffer[: frame.consumed]
@@ -139,9 +170,10 @@ class TcpConnection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
-        if self._idle is not None:
-            self._idle.cancel()
-            self._idle = None
+        for handle in (self._idle, self._header):
+            if handle is not None:
+                handle.cancel()
+        self._idle = self._header = None
         self._buffer.clear()
         self.owner.forget_connection(self)
 
@@ -150,8 +182,14 @@ class SipTransports:
     """The UDP socket and TCP listener on one host:port, and the TCP connections."""
 
     def __init__(self, on_message: MessageHandler, on_failure: FailureHandler,
-                 allowed: AddressCheck, max_message_bytes: int = MAX_MESSAGE_BYTES) -> None:
+                 allowed: AddressCheck, max_message_bytes: int = MAX_MESSAGE_BYTES, *,
+                 tcp_per_address: int = TCP_PER_ADDRESS,
+                 header_timeout: float = HEADER_TIMEOUT) -> None:
         self.on_message = on_message
+        self.tcp_per_address = tcp_per_address
+        self.header_timeout = header_timeout  # 0: none
+        self._per_host: Counter[str] = Counter()  # connections held, by remote IP
+        self.header_timeouts = 0
         self.on_failure = on_failure
         self.allowed = allowed
         self.max_message_bytes = max_message_bytes
@@ -164,6 +202,7 @@ class SipTransports:
         self.client_tls: ssl.SSLContext | None = None  # for connections the agent opens
         self.connections: dict[Address, TcpConnection] = {}
         self.refused_connections = 0
+        self.refused_per_address = 0
         self._refusals = LogThrottle(5.0)
 
     async def start(self, host: str, port: int) -> int:
@@ -183,8 +222,8 @@ class SipTransports:
                                                      local_addr=(host, port))
         bound = int(udp.get_extra_info("sockname")[1])
         try:
-            self._tcp = await loop.create_server(lambda: TcpConnection(self), host, bound,
-                                                 reuse_address=True)
+            self._tcp = await loop.create_server(lambda: TcpConnection(self, inbound=True),
+                                                 host, bound, reuse_address=True)
         except OSError:
             udp.close()
             raise
@@ -196,8 +235,8 @@ class SipTransports:
                         client_context: ssl.SSLContext) -> int:
         """Also listen for SIP over TLS (tls.py); returns the port."""
         loop = asyncio.get_running_loop()
-        self._tls = await loop.create_server(lambda: TcpConnection(self, "TLS"), host, port,
-                                             ssl=context, reuse_address=True,
+        self._tls = await loop.create_server(lambda: TcpConnection(self, "TLS", True), host,
+                                             port, ssl=context, reuse_address=True,
                                              ssl_handshake_timeout=TCP_CONNECT_SECONDS)
         self.tls_port = int(self._tls.sockets[0].getsockname()[1])
         self.client_tls = client_context
@@ -219,19 +258,27 @@ class SipTransports:
         self.on_message(data, flow)
 
     def admit_connection(self, connection: TcpConnection) -> bool:
-        if not self.allowed(connection.remote[0]) or len(self.connections) >= MAX_TCP_CONNECTIONS:
+        host = connection.remote[0]
+        crowded = self._per_host[host] >= self.tcp_per_address
+        if crowded or not self.allowed(host) or len(self.connections) >= MAX_TCP_CONNECTIONS:
             self.refused_connections += 1
+            self.refused_per_address += crowded
             held = self._refusals.admit()
             if held is not None:
                 log.info("sip: refused a TCP connection from %s%s", connection.remote[0],
                          held_back_note(held, "refusals"))
             return False
         self.connections[connection.remote] = connection
+        self._per_host[host] += 1
         return True
 
     def forget_connection(self, connection: TcpConnection) -> None:
         if self.connections.get(connection.remote) is connection:
             del self.connections[connection.remote]
+            host = connection.remote[0]
+            self._per_host[host] -= 1
+            if self._per_host[host] <= 0:
+                del self._per_host[host]
 
     # -- outbound ---------------------------------------------------------------------------
 
@@ -279,6 +326,7 @@ class SipTransports:
         for connection in list(self.connections.values()):
             connection.close()
         self.connections.clear()
+        self._per_host.clear()
         for server in (self._tcp, self._tls):
             if server is not None:
                 server.close()
@@ -288,5 +336,7 @@ class SipTransports:
     def stats(self) -> dict[str, int]:
         kinds = [connection.kind for connection in self.connections.values()]
         return {"tcp_connections": kinds.count("TCP"), "tls_connections": kinds.count("TLS"),
-                "tcp_refused": self.refused_connections}
+                "tcp_refused": self.refused_connections,
+                "tcp_refused_per_address": self.refused_per_address,
+                "tcp_header_timeouts": self.header_timeouts}
 

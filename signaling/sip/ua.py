@@ -57,6 +57,7 @@ from signaling.auth import Principal
 from signaling.call_webhook import new_message_id, signed_headers
 from signaling.sip import sdes
 from signaling.sip import tls as sip_tls
+from signaling.sip.budget import CAP_RETRY_AFTER, MessageBudget, TransactionCap
 from signaling.sip.caller_auth import CallerAuth
 from signaling.sip.config import WILDCARDS, SipConfig
 from signaling.sip.dialog import Dialog, DialogId, new_tag
@@ -178,7 +179,9 @@ class UserAgent:
         self.timers = timers or LoopTimers()
         self.transactions = TransactionLayer(self.timers, config.timers)
         self.transports = SipTransports(self._on_message, self._on_failure, self._allowed,
-                                        config.max_message_bytes)
+                                        config.max_message_bytes,
+                                        tcp_per_address=config.budget.tcp_per_address,
+                                        header_timeout=config.budget.header_timeout)
         self.calls: dict[DialogId, SipCall] = {}
         self._by_invite: dict[ServerKey, SipCall] = {}
         self._by_remote: dict[tuple[str, str], SipCall] = {}  # (Call-ID, From tag)
@@ -193,6 +196,8 @@ class UserAgent:
         self.setup_ms: deque[float] = deque(maxlen=SETUP_SAMPLES)  # INVITE → 200 OK
         self._noise = LogThrottle(1.0)
         self.guard = InviteLimiter(config.guard)  # INVITE flood limit (guard.py)
+        self.budget = MessageBudget(config.budget)  # every message, per source (budget.py)
+        self.transaction_cap = TransactionCap(config.budget)  # --sip-max-transactions
         # Dialogs served outside this core: outbound calls, a transfer's NOTIFYs (hooks.py).
         self.dialog_hooks = DialogHooks()
         # --sip-auth-file: digest challenges for callers (caller_auth.py)
@@ -261,6 +266,7 @@ class UserAgent:
             "tasks": len(self.tasks),
             "counters": dict(self.counters),
             "guard": self.guard.stats(),
+            "budget": {**self.budget.stats(), **self.transaction_cap.stats()},
             "invite_to_200_ms": {
                 "count": len(setup),
                 "p50": round(setup[len(setup) // 2], 2) if setup else None,
@@ -282,6 +288,8 @@ class UserAgent:
 
     def _on_message(self, data: bytes, flow: Flow) -> None:
         self.counters["messages_in"] += 1
+        if not self.budget.admit(flow.remote[0]):
+            return  # over its source's --sip-message-rate: dropped unparsed (budget.py)
         result = parse_message(data, stream=flow.reliable,
                                max_bytes=self.config.max_message_bytes)
         if isinstance(result, ParseFailure):
@@ -376,6 +384,13 @@ class UserAgent:
         source's rate (503 or nothing) or an in-dialog request from an address that is not
         the dialog's peer or proxy (403)."""
         source = flow.remote[0]
+        if (len(self.transactions.servers) >= self.config.budget.max_transactions > 0
+                and not self._in_live_dialog(request)):
+            verdict = self.transaction_cap.decide(len(self.transactions.servers))
+            if verdict == "refuse":
+                self._reply_stateless(request, flow, 503, headers=[
+                    ("Retry-After", str(CAP_RETRY_AFTER))])
+            return verdict != "admit"
         if request.method == "INVITE" and not request.to_addr.tag:
             decision = self.guard.decide(source)
             if decision.verdict is Verdict.REFUSE:
@@ -396,6 +411,13 @@ class UserAgent:
                    request.method, printable(call.dialog.call_id), source)
         self._reply_stateless(request, flow, 403)
         return True
+
+    def _in_live_dialog(self, request: SipRequest) -> bool:
+        """A request within a live call's dialog (exempt from --sip-max-transactions)."""
+        if not request.to_addr.tag:
+            return False
+        dialog = dialog_id_of(request)
+        return dialog in self.calls or dialog in self.dialog_hooks
 
     def _unsupported(self, request: SipRequest) -> str:
         if request.method in ("ACK", "CANCEL"):
