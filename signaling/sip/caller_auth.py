@@ -9,7 +9,11 @@ URI) gets 403. The nonce is the issue time and an HMAC of it under a key made at
 (`secrets`), so the server keeps no state per challenge: a nonce it did not make is
 answered with a fresh challenge, one older than `NONCE_SECONDS` with `stale=true` (the
 client answers again without asking its user). A nonce and nonce-count pair is taken once
-(a bounded table): a replayed Authorization gets a fresh challenge.
+(a bounded table): a replayed Authorization gets a fresh challenge. Every answer is checked
+the same way, so how long a 403 takes tells nothing of which names are users: the users'
+HA1s are made at start-up, and a name that is none (or an HA1 that cannot serve the
+algorithm) is checked against a random HA1 of the same size, by the same hashing and the
+same constant-time compare (`hmac.compare_digest`).
 
 The file, JSON: `{"realm": "agent.example.com", "users": {"alice": "password",
 "bob": {"ha1": "<hex MD5 of bob:realm:password>"}}}`. A user given by HA1 alone can answer
@@ -40,6 +44,7 @@ SEEN_NONCES = 8192  # nonce+nc pairs remembered against replays
 # 8760 §2.4 leaves the choice to the client), and an attacker gains nothing by the order.
 ALGORITHMS = ("MD5", "SHA-256")
 EXEMPT_METHODS = frozenset({"ACK", "CANCEL", "OPTIONS"})
+HASH_BYTES = {"MD5": 16, "SHA-256": 32}
 
 
 @dataclass(frozen=True)
@@ -117,6 +122,17 @@ class CallerAuth:
         self._clock = clock
         self._key = secrets.token_bytes(32)
         self._seen: OrderedDict[tuple[str, str], None] = OrderedDict()
+        # Every user's HA1 for each algorithm it can answer, made once: a check is then the
+        # same lookup, hashing and compare for every name. An answer naming no user (or an
+        # algorithm its HA1 cannot serve) is checked against a random HA1 of the same size.
+        self._ha1: dict[tuple[str, str], str] = {}
+        for user in settings.users.values():
+            for algorithm in ALGORITHMS:
+                ha1 = user.ha1_for(algorithm, settings.realm)
+                if ha1 is not None:
+                    self._ha1[(user.name, algorithm)] = ha1
+        self._dummy_ha1 = {algorithm: secrets.token_hex(HASH_BYTES[algorithm])
+                           for algorithm in ALGORITHMS}
 
     # -- nonces -----------------------------------------------------------------------------
 
@@ -175,23 +191,28 @@ class CallerAuth:
         return None
 
     def _valid(self, request: SipRequest, params: dict[str, str]) -> bool:
+        """Whether `params` answer for `request`. Every answer takes the same path, whatever
+        is wrong with it: an unknown user (or one whose HA1 cannot serve the algorithm) is
+        checked against a dummy user's HA1 made the same way, and the response is always
+        compared in constant time, so how long a refusal takes does not tell which names
+        are users."""
         settings = self.settings
-        user = settings.users.get(params.get("username", ""))
         algorithm = params.get("algorithm", "MD5").upper()
         qop = params.get("qop")
-        if (user is None or params.get("realm") != settings.realm or algorithm not in ALGORITHMS
-                or params.get("uri") != request.uri or qop not in (None, "auth")):
-            return False
-        ha1 = user.ha1_for(algorithm, settings.realm)
-        if ha1 is None:
-            return False
         nc_text, cnonce = params.get("nc", "0"), params.get("cnonce", "")
-        if qop and (not cnonce or len(nc_text) != 8):
-            return False
+        fields_ok = (params.get("realm") == settings.realm and algorithm in ALGORITHMS
+                     and params.get("uri") == request.uri and qop in (None, "auth")
+                     and not (qop and (not cnonce or len(nc_text) != 8)))
+        hashed = algorithm if algorithm in ALGORITHMS else "MD5"
+        ha1 = self._ha1.get((params.get("username", ""), hashed))
+        known = ha1 is not None
+        if ha1 is None:
+            ha1 = self._dummy_ha1[hashed]
         try:
             nc = int(nc_text, 16)
         except ValueError:
-            return False
-        expected = response_from_ha1(algorithm, ha1, params["nonce"], request.method,
-                                     params["uri"], qop, nc, cnonce)
-        return hmac.compare_digest(expected, params.get("response", "").lower())
+            nc, fields_ok = 0, False
+        expected = response_from_ha1(hashed, ha1, params["nonce"], request.method,
+                                     params.get("uri", ""), qop, nc, cnonce)
+        matches = hmac.compare_digest(expected, params.get("response", "").lower())
+        return matches and known and fields_ok

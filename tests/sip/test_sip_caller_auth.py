@@ -7,14 +7,22 @@ wrong password gets 403."""
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
 from pathlib import Path
 
 import pytest
 
+from signaling.sip import caller_auth
 from signaling.sip.caller_auth import CallerAuth, CallerAuthSettings, load_auth_file
 from signaling.sip.config import SipConfig
-from signaling.sip.digest import Credentials, answer, best_challenge, parse_challenge
+from signaling.sip.digest import (
+    Credentials,
+    answer,
+    best_challenge,
+    parse_challenge,
+    response_from_ha1,
+)
 from signaling.sip.message import SipRequest
 from signaling.sip.sdp import SessionDescription, parse_sdp
 from tests.sip.helpers import (
@@ -130,6 +138,51 @@ def test_a_user_kept_as_ha1_answers_md5_only(settings: CallerAuthSettings) -> No
         reply = answer(challenge, Credentials("bob", "hunter2"), "INVITE", uri)
         assert reply is not None
         assert (auth.check(invite(reply)) is None) == served
+
+
+@pytest.mark.parametrize("algorithm", ["MD5", "SHA-256"])
+def test_an_unknown_user_takes_the_same_hashing_and_compare_as_a_known_one(
+    settings: CallerAuthSettings, algorithm: str, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """No timing here: the path itself. Every wrong answer (a user with a wrong password, a
+    name that is no user, an HA1-only user answering SHA-256) computes one response from an
+    HA1 of the algorithm's size and compares it in constant time; no name is hashed per
+    request (HA1s are made at start-up)."""
+    auth = CallerAuth(settings)
+    calls: list[tuple[str, ...]] = []
+    real_response, real_compare = response_from_ha1, hmac.compare_digest
+
+    def response(algorithm: str, ha1: str, *rest: object) -> str:
+        calls.append(("response", algorithm, str(len(ha1))))
+        return real_response(algorithm, ha1, *rest)  # type: ignore[arg-type]
+
+    def compare(a: str, b: str) -> bool:
+        calls.append(("compare", str(len(a)), str(len(b))))
+        return real_compare(a, b)
+
+    def user_hash(*args: object) -> str:
+        calls.append(("user_hash",))
+        return ""
+
+    monkeypatch.setattr(caller_auth, "response_from_ha1", response)
+    monkeypatch.setattr(hmac, "compare_digest", compare)
+    monkeypatch.setattr(caller_auth, "user_hash", user_hash)
+    uri = invite().uri
+    paths = {}
+    for name, password in (("alice", "guess"), ("mallory", "guess"), ("bob", "guess")):
+        (value,) = challenged(auth, algorithm)
+        challenge = parse_challenge(value)
+        assert challenge is not None
+        reply = answer(challenge, Credentials(name, password), "INVITE", uri)
+        assert reply is not None
+        calls.clear()
+        refused = auth.check(invite(reply))
+        assert refused is not None and refused.status == 403
+        paths[name] = list(calls)
+    size = {"MD5": "32", "SHA-256": "64"}[algorithm]
+    nonce_check = ("compare", "32", "32")  # the nonce's MAC, before the answer is looked at
+    expected = [nonce_check, ("response", algorithm, size), ("compare", size, size)]
+    assert paths == {"alice": expected, "mallory": expected, "bob": expected}
 
 
 def test_an_expired_nonce_is_stale_and_a_forged_one_gets_a_fresh_challenge(
