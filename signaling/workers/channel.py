@@ -12,9 +12,14 @@ Two rules keep a client's bytes from ever being read as a worker's request:
 - **Integrity.** The supervisor makes a secret at each start and hands it to its workers in
   the environment (never on a command line, never on disk). A forwarded request carries an
   HMAC-SHA256, under that secret, of the forwarding worker, a timestamp, the method, the raw
-  path and query, and the body's length; a request counts as a worker's only when it arrives
-  on the receiving worker's private unix socket and its MAC is right and fresh. A client,
-  which never sees the secret, cannot make one.
+  path and query, the body's length and the client's address; a request counts as a
+  worker's only when it arrives on the receiving worker's private unix socket and its MAC is
+  right and fresh. A client, which never sees the secret, cannot make one.
+
+The client's address travels with the request (`X-Agent-Worker-Client`, signed): on the
+private unix socket the receiving worker would otherwise know no address, and its access log
+and its own log lines (`sideband open from ...`) name the client as the accepting worker
+would (`adopt_client_address`).
 
 Why our own: the channel is two aiohttp endpoints in one trust domain; a signature over a
 handful of fields is a few lines of the standard library (hmac), where an HTTP-signature or
@@ -25,6 +30,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import ipaddress
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,6 +45,7 @@ from signaling.workers.supervisor import CHANNEL_SECRET_ENV, worker_socket_path
 SECRET_ENV = CHANNEL_SECRET_ENV
 FORWARDED_HEADER = "X-Agent-Worker-Forwarded"
 SIGNATURE_HEADER = "X-Agent-Worker-Signature"
+CLIENT_HEADER = "X-Agent-Worker-Client"  # the client's address, as the forwarding worker saw it
 MAX_AGE_S = 30.0  # a signature older (or newer) than this is refused
 WORKER_TIMEOUT = aiohttp.ClientTimeout(total=60, sock_connect=2)
 BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
@@ -47,7 +54,8 @@ BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 HOP_HEADERS = frozenset({"connection", "keep-alive", "transfer-encoding", "upgrade",
                          "proxy-connection", "te", "trailer", "content-encoding", "date",
                          "server", "content-length", "expect", "proxy-authorization",
-                         FORWARDED_HEADER.lower(), SIGNATURE_HEADER.lower()})
+                         FORWARDED_HEADER.lower(), SIGNATURE_HEADER.lower(),
+                         CLIENT_HEADER.lower()})
 
 
 @dataclass(frozen=True)
@@ -62,14 +70,17 @@ class Channel:
         return worker_socket_path(self.folder, index)
 
     def signature(self, forwarder: int, stamp: str, method: str, raw_path: str,
-                  length: int) -> str:
-        return mac_of(self.secret, str(forwarder), stamp, method, raw_path, str(length))
+                  length: int, client: str = "") -> str:
+        return mac_of(self.secret, str(forwarder), stamp, method, raw_path, str(length),
+                      client)
 
-    def sign(self, method: str, raw_path: str, length: int) -> dict[str, str]:
-        """The headers that mark a request from this worker."""
+    def sign(self, method: str, raw_path: str, length: int,
+             client: str = "") -> dict[str, str]:
+        """The headers that mark a request from this worker, for `client` (its address)."""
         stamp = f"{time.time():.3f}"
-        mac = self.signature(self.index, stamp, method, raw_path, length)
-        return {FORWARDED_HEADER: str(self.index), SIGNATURE_HEADER: f"t={stamp},mac={mac}"}
+        mac = self.signature(self.index, stamp, method, raw_path, length, client)
+        return {FORWARDED_HEADER: str(self.index), SIGNATURE_HEADER: f"t={stamp},mac={mac}",
+                CLIENT_HEADER: client}
 
     def verify(self, request: web.Request) -> int | None:
         """The worker that forwarded `request`, if it really is one; None otherwise."""
@@ -85,7 +96,8 @@ class Channel:
         if "transfer-encoding" in request.headers:
             return None  # the channel never chunks: a body's length is signed
         expected = self.signature(int(forwarder), stamp, request.method, request.raw_path,
-                                  request.content_length or 0)
+                                  request.content_length or 0,
+                                  request.headers.get(CLIENT_HEADER, ""))
         return int(forwarder) if hmac.compare_digest(expected, mac) else None
 
 
@@ -116,6 +128,27 @@ def from_a_worker(request: web.Request) -> bool:
     return request[FORWARDER_KEY] is not None
 
 
+def client_address(text: str) -> str | None:
+    """`text` as an IP address (None when it is not one)."""
+    try:
+        return str(ipaddress.ip_address(text.strip("[]")))
+    except ValueError:
+        return None
+
+
+def adopt_client_address(request: web.Request) -> None:
+    """A request forwarded by another worker gets the client's address it carries as its
+    own `request.remote` (on the private unix socket it has none): what the access log, which
+    is handed this very request, and every log line of the handler name."""
+    if not from_a_worker(request):
+        return
+    client = client_address(request.headers.get(CLIENT_HEADER, ""))
+    if client is not None:
+        # aiohttp caches `remote` here (request.clone(remote=...) fills the same entry); a
+        # clone would not reach the access log, which logs the request it made.
+        request._cache["remote"] = client
+
+
 def forwarded_by(request: web.Request) -> int:
     """The worker that forwarded this request (-1: none)."""
     forwarder = request.get(FORWARDER_KEY)
@@ -127,7 +160,8 @@ def forwarded_headers(request: web.Request, length: int = 0) -> CIMultiDict[str]
     `length` body bytes."""
     headers = CIMultiDict((name, value) for name, value in request.headers.items()
                           if name.lower() not in HOP_HEADERS)
-    headers.update(request.app[CHANNEL_KEY].sign(request.method, request.raw_path, length))
+    headers.update(request.app[CHANNEL_KEY].sign(request.method, request.raw_path, length,
+                                                 request.remote or ""))
     return headers
 
 
@@ -163,6 +197,7 @@ def install(app: web.Application, channel: Channel) -> None:
     app[CHANNEL_KEY] = channel
 
 
-__all__ = ["Channel", "CHANNEL_KEY", "FORWARDED_HEADER", "SIGNATURE_HEADER", "SECRET_ENV",
-           "ask", "carries_body", "forwarded_by", "forwarded_headers", "fresh", "from_a_worker",
-           "install", "mac_of", "response_from"]
+__all__ = ["Channel", "CHANNEL_KEY", "CLIENT_HEADER", "FORWARDED_HEADER", "SIGNATURE_HEADER",
+           "SECRET_ENV", "adopt_client_address", "ask", "carries_body", "client_address",
+           "forwarded_by", "forwarded_headers", "fresh", "from_a_worker", "install", "mac_of",
+           "response_from"]

@@ -49,7 +49,14 @@ from signaling.sip.outbound_api import SIP_CALLS_PATH
 from signaling.slow_clients import read_body_in_time
 from signaling.telephony import RTP_PATH, TELEPHONY_KEY, with_url_token
 from signaling.workers import channel, limits
-from signaling.workers.channel import ask, carries_body, forwarded_by, from_a_worker, response_from
+from signaling.workers.channel import (
+    adopt_client_address,
+    ask,
+    carries_body,
+    forwarded_by,
+    from_a_worker,
+    response_from,
+)
 from signaling.workers.load import WorkerLoads
 from signaling.workers.supervisor import worker_socket_path
 from signaling.workers.views import merge_calls, merge_health, merge_metrics
@@ -264,6 +271,7 @@ async def worker_routing_middleware(
     request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
 ) -> web.StreamResponse:
     if from_a_worker(request):
+        adopt_client_address(request)
         if not is_new_leg(request):
             return await handler(request)
         # A call handed here: counted by the worker that handed it until it is received,
