@@ -28,6 +28,7 @@ from agent.testing.peer.own_load import OwnLoad
 from agent.testing.peer.recording import PEER_RATE
 from agent.testing.peer.report import CallReport, CheckResult, RunReport
 from agent.testing.peer.transports.base import TRANSPORTS, PeerOptions
+from agent.testing.peer.transports.urls import transport_of, url_problem
 from agent.testing.peer.wav import read_audio_file
 
 TAIL_SECONDS = 1.0  # after a --play file ends, long enough to hear its end come back
@@ -40,7 +41,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "endpoint; ws(s):// for media-stream, a host:port for rtp, a SIP URI "
                         "for sip")
     parser.add_argument("--transport", choices=list(TRANSPORTS), default=None,
-                        help="how to call (default: the script's `transport`, else webrtc)")
+                        help="how to call (default: the script's `transport`, else the one "
+                        "the URL implies: sip for sip:, media-stream for ws(s)://, rtp for "
+                        "rtp://; else webrtc)")
     parser.add_argument("--script", metavar="FILE",
                         help="a scripted conversation (YAML or JSON; schema: "
                         "agent/testing/peer/script_schema.json)")
@@ -286,7 +289,12 @@ def prepare(args: argparse.Namespace) -> Any:
     session = parse_session(args.session) if args.session else None
     if script is not None and script.session and session is None:
         session = script.session
-    transport = args.transport or (script.transport if script else None) or "webrtc"
+    # The transport named, else the script's, else the one the URL implies (a sip: URL).
+    transport = (args.transport or (script.transport if script else None)
+                 or transport_of(args.url) or "webrtc")
+    problem = url_problem(args.url, transport)
+    if problem is not None:
+        raise CliError("bad_url", problem)
     seconds = args.seconds
     if seconds is None:
         seconds = len(signal) / PEER_RATE + TAIL_SECONDS if signal is not None else 5.0

@@ -72,6 +72,7 @@ from agent.testing.peer.transports.narrowband import NarrowbandCodec, codec_name
 from agent.testing.peer.transports.receive_poll import PolledConnection, receive_poll
 from agent.testing.peer.transports.send_tick import send_tick
 from agent.testing.peer.transports.sideband import Sideband
+from agent.testing.peer.transports.urls import url_problem
 from agent.testing.peer.transports.websocket_tap import WebsocketTap
 
 DEFAULT_PATH = "/v1/telephony/media-stream"
@@ -86,11 +87,11 @@ MEDIA_PREFIXES = ('{"event": "media",', '{"event":"media",')
 
 
 def websocket_url(url: str) -> str:
-    parsed = urlparse(url)
-    scheme = {"http": "ws", "https": "wss", "ws": "ws", "wss": "wss"}.get(parsed.scheme)
-    if scheme is None or not parsed.netloc:
-        raise PeerError(BAD_URL, f"{url}: the media-stream transport needs an http(s):// or "
-                        "ws(s):// URL")
+    problem = url_problem(url, "media-stream")
+    if problem is not None:
+        raise PeerError(BAD_URL, problem)
+    parsed = urlparse(url.strip())
+    scheme = {"http": "ws", "https": "wss", "ws": "ws", "wss": "wss"}[parsed.scheme.lower()]
     path = parsed.path if parsed.path.rstrip("/") else DEFAULT_PATH
     return urlunparse((scheme, parsed.netloc, path, "", parsed.query, ""))
 

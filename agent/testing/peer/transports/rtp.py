@@ -39,6 +39,7 @@ from agent.testing.peer.transports.narrowband import codec_name
 from agent.testing.peer.transports.rtp_stream import Address, RtpStream
 from agent.testing.peer.transports.sideband import Sideband
 from agent.testing.peer.transports.telephone_events import DEFAULT_PAYLOAD_TYPE
+from agent.testing.peer.transports.urls import url_problem
 
 RTP_PATH = "/v1/telephony/rtp"
 
@@ -65,10 +66,11 @@ class RtpCall(PeerCall):
 
     async def connect(self) -> None:
         self.start_clock()
+        problem = url_problem(self.url, "rtp")
+        if problem is not None:
+            raise PeerError(BAD_URL, problem)
         parsed = urlparse(self.url)
-        if parsed.scheme not in ("http", "https", "rtp") or not parsed.hostname:
-            raise PeerError(BAD_URL, f"{self.url}: the rtp transport needs http(s)://HOST:PORT "
-                            "(the agent's RTP control) or rtp://HOST:PORT")
+        assert parsed.hostname is not None
         try:
             self.codec = codec_name(self.options.codec)
         except ValueError as exc:

@@ -11,9 +11,12 @@ library on PyPI is kept up to date for asyncio, and these few messages are plain
 format follows RFC 3261 sections 7, 8.1, 12 and 17.1, the offer RFC 3264.
 
 A call the far end refuses fails with `refused` and the status line (`SIP 486 Busy Here`);
-no answer within `timeout` fails with `timeout`. `send_dtmf` needs telephone-event in the
-answer. Server events come from the sideband only when the agent's call id is given
-(`extra["sideband_call_id"]`): SIP does not name it.
+no answer within `timeout` fails with `timeout`. The signalling socket is connected to the
+server's address, so an ICMP port unreachable (nothing listening there: an agent started
+without `--sip-listen`) reaches the peer, which fails at once with `connect_failed` and says
+so; a server that sends nothing at all is named as such when the timeout ends. `send_dtmf`
+needs telephone-event in the answer. Server events come from the sideband only when the
+agent's call id is given (`extra["sideband_call_id"]`): SIP does not name it.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from typing import Any
 from agent.testing.peer.transports.base import (
     BAD_URL,
     CLOSED,
+    CONNECT_FAILED,
     REFUSED,
     TIMEOUT,
     UNSUPPORTED,
@@ -41,11 +45,11 @@ from agent.testing.peer.transports.rtp import bind_host_for
 from agent.testing.peer.transports.rtp_stream import Address, RtpStream
 from agent.testing.peer.transports.sideband import Sideband
 from agent.testing.peer.transports.telephone_events import DEFAULT_PAYLOAD_TYPE
+from agent.testing.peer.transports.urls import SIP_URI, url_problem
 
 T1 = 0.5  # RFC 3261 timer T1 (seconds)
 MAX_RETRANSMIT = 4.0  # T2
-URI = re.compile(r"^sips?:(?:(?P<user>[^@;]+)@)?(?P<host>\[[^\]]+\]|[^:;>]+)(?::(?P<port>\d+))?"
-                 r"(?P<params>;.*)?$")
+URI = SIP_URI
 
 
 @dataclass
@@ -56,9 +60,11 @@ class SipUri:
 
     @classmethod
     def parse(cls, text: str) -> SipUri:
+        problem = url_problem(text, "sip")
         match = URI.match(text.strip())
-        if match is None or not text.startswith("sip:"):
-            raise PeerError(BAD_URL, f"{text}: the sip transport dials sip:USER@HOST[:PORT]")
+        if problem is not None or match is None:
+            raise PeerError(BAD_URL, problem or f"{text}: the sip transport dials "
+                            "sip:USER@HOST[:PORT]")
         params = (match.group("params") or "").lower()
         if "transport=" in params and "transport=udp" not in params:
             raise PeerError(UNSUPPORTED, f"{text}: the peer's SIP speaks UDP only")
@@ -195,6 +201,10 @@ class _SipSocket(asyncio.DatagramProtocol):
     def datagram_received(self, data: bytes, addr: tuple[Any, ...]) -> None:
         self.call.on_datagram(data, (addr[0], addr[1]))
 
+    def error_received(self, exc: Exception) -> None:
+        if isinstance(exc, ConnectionRefusedError):  # ICMP port unreachable
+            self.call.on_unreachable()
+
 
 class SipCall(PeerCall):
     transport = "sip"
@@ -210,7 +220,8 @@ class SipCall(PeerCall):
         self._to_tag: str | None = None
         self._remote_target: str | None = None
         self._cseq = 1
-        self._responses: asyncio.Queue[SipMessage] = asyncio.Queue()
+        self._responses: asyncio.Queue[SipMessage | None] = asyncio.Queue()  # None: ICMP
+        self._heard = False  # anything at all came from the server
         self._answered = False
         self.final_status: int | None = None
         self._offer = ""
@@ -251,10 +262,21 @@ class SipCall(PeerCall):
         return ("\r\n".join(lines) + "\r\n\r\n" + body).encode()
 
     def _send(self, data: bytes) -> None:
-        if self._socket is not None and self._server is not None:
-            self._socket.sendto(data, self._server)
+        if self._socket is not None:
+            self._socket.sendto(data)  # connected to the server
+
+    def _nothing_there(self) -> str:
+        assert self._server is not None
+        host, port = self._server
+        return (f"nothing answered SIP at {host}:{port} — is the server running with "
+                "--sip-listen?")
+
+    def on_unreachable(self) -> None:
+        if not self._heard:
+            self._responses.put_nowait(None)
 
     def on_datagram(self, data: bytes, source: Address) -> None:
+        self._heard = True
         message = parse_message(data)
         if message is None or message.get("call-id") != self.sip_call_id:
             return
@@ -285,6 +307,9 @@ class SipCall(PeerCall):
         while True:
             now = loop.time()
             if now >= deadline:
+                if not self._heard:
+                    raise PeerError(TIMEOUT, f"no answer to {method} within {timeout:g} s: "
+                                    + self._nothing_there())
                 raise PeerError(TIMEOUT, f"no final answer to {method} within {timeout:g} s")
             if now >= next_send and not provisional:
                 self._send(request)
@@ -295,6 +320,8 @@ class SipCall(PeerCall):
                 response = await asyncio.wait_for(self._responses.get(), max(wait, 0.01))
             except asyncio.TimeoutError:
                 continue
+            if response is None:  # ICMP port unreachable: no SIP server at that address
+                raise PeerError(CONNECT_FAILED, f"{self._nothing_there()} (port unreachable)")
             if response.cseq != (cseq, method):
                 continue
             if response.status < 200:
@@ -320,8 +347,10 @@ class SipCall(PeerCall):
         bind = str(self.options.extra.get("rtp_bind") or bind_host_for(server_ip))
         self._server = (server_ip, target.port)
         loop = asyncio.get_running_loop()
+        # Connected: the server's answers come from where they were sent (RFC 3261 18.2.2
+        # with rport), and an ICMP port unreachable reaches this socket.
         self._socket, _ = await loop.create_datagram_endpoint(
-            lambda: _SipSocket(self), local_addr=(bind, 0))
+            lambda: _SipSocket(self), local_addr=(bind, 0), remote_addr=self._server)
         local = self._socket.get_extra_info("sockname")
         advertised = bind if bind != "0.0.0.0" else self._advertised_address(server_ip)
         self._local = (advertised, local[1])

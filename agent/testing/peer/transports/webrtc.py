@@ -61,6 +61,7 @@ from agent.testing.peer.transports.base import (
 )
 from agent.testing.peer.transports.direct_srtp import DirectSrtp
 from agent.testing.peer.transports.ice_socket import IceSocketReader, RtpArrivals, nominated_pair
+from agent.testing.peer.transports.urls import url_problem
 from agent.testing.testsignal import make_test_signal, measure_echo
 from agent.webrtc.encoding import InlineAudioEncoder
 
@@ -472,9 +473,9 @@ class WebRtcCall(PeerCall):
 
     async def connect(self) -> None:
         self.start_clock()
-        if urlparse(self.url).scheme not in ("http", "https"):
-            raise PeerError(BAD_URL, f"{self.url}: the {self.transport} transport needs an "
-                            "http:// or https:// URL")
+        problem = url_problem(self.url, self.transport)
+        if problem is not None:
+            raise PeerError(BAD_URL, problem)
         if self.options.ice_host:
             limit_host_addresses(self.options.ice_host)
         accept_rsa_dtls_peers()
