@@ -39,6 +39,7 @@ from signaling import (
     address_limit,
     auth,
     bad_requests,
+    call_limit,
     call_webhook,
     cluster,
     cors,
@@ -429,6 +430,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                      voice_upload_bytes=args.max_voice_upload_bytes, workers=group,
                      token_url_origins=page.origins_from_args(args))
     sip_service.install_from_args(app, args)  # --sip-listen: the SIP user agent (docs/sip.md)
+    if cluster_settings is None:  # (a cluster counts every key's calls in Redis instead)
+        call_limit.install_key_limit(app, args.max_calls_per_key)
     if webhook is not None:  # --webhook-url: realtime.call.ended for every call
         call_webhook.install(app, call_webhook.CallEndedWebhook(*webhook))
     if cluster_settings is not None:

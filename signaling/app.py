@@ -11,7 +11,18 @@ from aiohttp import web
 from agent.errors import AgentError
 from agent.logs.log_safe import printable
 from agent.media_agent import MediaAgent
-from signaling import api, calls, drain, health, metrics, offer, page, slow_clients, telephony
+from signaling import (
+    api,
+    call_limit,
+    calls,
+    drain,
+    health,
+    metrics,
+    offer,
+    page,
+    slow_clients,
+    telephony,
+)
 from signaling.auth import AuthSettings
 from signaling.errors import error_response, json_error
 from signaling.keys import AGENT_KEY
@@ -78,6 +89,7 @@ def create_app(
     health.add_routes(app)
     if metrics_enabled:
         metrics.add_routes(app)
+        call_limit.install_pending_metrics(app)
     else:
         agent.stop_timing_metrics()
     drain.setup(app, drain_seconds)

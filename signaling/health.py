@@ -7,6 +7,7 @@ import os
 from aiohttp import web
 
 from signaling.auth import principal_of
+from signaling.call_limit import pending_calls
 from signaling.calls import RESOURCES_KEY
 from signaling.ice import rtc_network
 from signaling.keys import AGENT_KEY
@@ -16,6 +17,7 @@ from signaling.sip.service import sip_health
 async def get_health(request: web.Request) -> web.Response:
     agent = request.app[AGENT_KEY]
     body = {"status": "ok", "pid": os.getpid(), **agent.health(),
+            "pending_calls": len(pending_calls(request.app)),  # ringing outbound SIP calls
             "rtc": rtc_network(agent.settings)}
     sip = sip_health(request.app)  # with --sip-listen: live transactions, dialogs, legs
     if sip is not None:

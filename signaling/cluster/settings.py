@@ -60,18 +60,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "prefer the environment: a command line is visible to every local user)")
     group.add_argument(
         "--max-calls-per-key", type=int, default=0, metavar="N",
-        help="concurrent calls one API key (without keys: all clients) may hold across the "
-        "cluster; more get 429 tenant_limit (needs --cluster; default 0 = no limit)")
+        help="concurrent calls one API key (without keys: all clients) may hold, every kind "
+        "counted (WebRTC, RTP, media streams, outbound SIP from its INVITE on): across the "
+        "cluster with --cluster, else on this server; more get 429 tenant_limit (default 0 = "
+        "no limit)")
 
 
 def settings_from_args(args: argparse.Namespace) -> ClusterSettings | None:
     """The cluster's settings, None without `--cluster`; ClusterFlagError when they cannot
     work."""
     if not args.cluster:
-        if args.max_calls_per_key:
-            raise ClusterFlagError("cluster_flag_without_cluster",
-                                   "--max-calls-per-key counts calls across a cluster: it "
-                                   "needs --cluster")
+        # (--max-calls-per-key counts this server's calls then: signaling/call_limit.py)
+        if args.max_calls_per_key < 0:
+            raise ClusterFlagError("max_calls_per_key_invalid",
+                                   "--max-calls-per-key must be >= 0")
         return None
     url = URL(args.cluster)
     if url.scheme not in ("redis", "rediss", "unix") or (url.scheme != "unix" and not url.host):

@@ -1,8 +1,9 @@
 """The application's answer to `realtime.call.incoming`: accept or reject a ringing SIP call.
 
 With `--sip-webhook`, an INVITE rings (180) while the webhook tells the application about it;
-the application then calls, with the server's API key (any key of the server; not an
-ephemeral secret, which only manages the call it created):
+the application then calls, with the key that owns the call (inbound_owner.py:
+`--sip-inbound-key`, or the trunk's `inbound_key`; an `--admin-key` too; with neither set any
+key of the server; never an ephemeral secret, which only manages the call it created):
 
 - `POST /v1/realtime/calls/{call_id}/accept` with a Realtime session object (`instructions`,
   `voice` or `audio.output.voice`, `extra_body`; an empty body: the server's defaults): the
@@ -11,8 +12,8 @@ ephemeral secret, which only manages the call it created):
 - `POST /v1/realtime/calls/{call_id}/reject` with `{"status_code": 486}` (400-699; default
   603): that final response goes to the caller.
 
-An unknown (or ended) call is 404 `call_not_found`; one already accepted, rejected or
-answered is 409 `call_not_pending`.
+An unknown (or ended) call, or another key's, is 404 `call_not_found`; one already accepted,
+rejected or answered is 409 `call_not_pending`.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from agent.realtime.session_config import session_config_from_realtime
 from signaling.auth import Principal, principal_of
 from signaling.calls import CALLS_PATH
 from signaling.errors import ApiError, read_json_object
+from signaling.sip.inbound_owner import leg_owner, may_handle
 from signaling.sip.ua import SipCall, UserAgent
 
 DEFAULT_REJECT_STATUS = 603
@@ -39,7 +41,7 @@ def install_routes(app: web.Application,
         principal = principal_of(request)
         ua = ua_of(request.app)
         call = ua.find_call(request.match_info["call_id"]) if ua is not None else None
-        if ua is None or call is None or principal.secret is not None:
+        if ua is None or call is None or not may_handle(principal, call, ua.config):
             raise ApiError("call_not_found", "no such incoming call", param="call_id",
                            status=404)
         if not call.pending:
@@ -51,7 +53,7 @@ def install_routes(app: web.Application,
         pending_call(request)  # 404/409 before the body is looked at
         session = session_config_from_realtime(await optional_json(request), param="session")
         ua, call, principal = pending_call(request)
-        await ua.accept(call, session, principal)
+        await ua.accept(call, session, leg_owner(principal, call, ua.config))
         return web.json_response({"id": call.call_id, "object": "realtime.call",
                                   "status": "accepted"})
 

@@ -12,8 +12,10 @@ from urllib.parse import urlsplit
 from standardwebhooks import Webhook
 
 from agent.telephony.address_policy import DEFAULT_RTP_ALLOW, IPNetwork, parse_networks
+from signaling.auth import API_KEY_ENV, tenant_of
 from signaling.sip import budget as sip_budget
 from signaling.sip import guard as sip_guard
+from signaling.sip import outbound_policy
 from signaling.sip import sdes as sip_sdes
 from signaling.sip import tls as sip_tls
 from signaling.sip.caller_auth import CallerAuthSettings, load_auth_file
@@ -51,6 +53,11 @@ class SipConfig:
     tls: sip_tls.SipTlsSettings | None = None  # --sip-tls-cert: also SIP over TLS (tls.py)
     srtp: str = sip_sdes.DEFAULT_MODE  # --sip-srtp off|offer|require (sdes.py)
     caller_auth: CallerAuthSettings | None = None  # --sip-auth-file (caller_auth.py)
+    # outbound_policy.py: calls one key may place a second (0: no limit), at once
+    outbound_rate: float = outbound_policy.DEFAULT_RATE
+    outbound_burst: int = outbound_policy.DEFAULT_BURST
+    # --sip-inbound-key: the tenant owning webhook calls (None: any key of the server)
+    inbound_tenant: str | None = field(default=None, repr=False)
 
     @property
     def advertised_host(self) -> str:
@@ -133,6 +140,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     sip_budget.add_arguments(group)  # --sip-message-rate/-burst, --sip-max-transactions, TCP
     sip_tls.add_arguments(group, parse_listen)  # --sip-tls-cert/-key/-listen/-ca
     sip_sdes.add_arguments(group)  # --sip-srtp
+    outbound_policy.add_arguments(group)  # --sip-outbound-rate/-burst, --sip-inbound-key
     group.add_argument("--sip-auth-file", default=None, metavar="FILE",
                        help='JSON {"realm": "...", "users": {"alice": "password" | {"ha1": '
                        '"..."}}}: challenge INVITEs and other out-of-dialog requests with '
@@ -178,4 +186,21 @@ def config_from_args(args: argparse.Namespace) -> SipConfig | None:
         srtp=getattr(args, "sip_srtp", sip_sdes.DEFAULT_MODE),
         caller_auth=(load_auth_file(args.sip_auth_file)
                      if getattr(args, "sip_auth_file", None) else None),
+        outbound_rate=getattr(args, "sip_outbound_rate", outbound_policy.DEFAULT_RATE),
+        outbound_burst=max(1, getattr(args, "sip_outbound_burst",
+                                      outbound_policy.DEFAULT_BURST)),
+        inbound_tenant=inbound_tenant(args),
     )
+
+
+def inbound_tenant(args: argparse.Namespace) -> str | None:
+    """The tenant of `--sip-inbound-key`, which must be one of the server's keys."""
+    key = getattr(args, "sip_inbound_key", None)
+    if not key:
+        return None
+    keys = [*(getattr(args, "api_key", None) or []), *(getattr(args, "admin_key", None) or []),
+            os.environ.get(API_KEY_ENV, "")]
+    if key not in keys:
+        raise ValueError("--sip-inbound-key must be one of the server's keys (--api-key, "
+                         "--admin-key): the calls it owns are managed with it")
+    return tenant_of(key)

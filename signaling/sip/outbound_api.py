@@ -16,7 +16,16 @@
   REFER.
 
 Another key's call is the same 404 as an unknown one. Input errors are 400s with a `code`:
-`invalid_uri`, `unknown_trunk`, `invalid_header`, `forbidden_header`, `invalid_value`.
+`invalid_uri`, `unknown_trunk`, `invalid_header`, `forbidden_header`, `invalid_value`;
+every user-supplied text that reaches a SIP header (`to`, `from` and its display name,
+`headers`, a `target_uri`) is refused with a line break or control character, beyond its
+length, non-ASCII in a URI (it must be %-escaped), or with `?headers` in a URI.
+
+What a key may dial (outbound_policy.py, trunks.py): a trunk whose `keys` leave it out is
+403 `trunk_not_allowed`; a destination outside the trunk's `allow` list is 403
+`destination_not_allowed`; more than `--sip-outbound-rate` calls a second is 429
+`sip_outbound_rate` with `Retry-After`. Placed calls count against `--max-calls-per-key` and
+`--max-sessions` as every call does, from the INVITE on (call_limit.py, cluster placement).
 """
 
 from __future__ import annotations
@@ -32,8 +41,10 @@ from signaling.auth import Principal, principal_of
 from signaling.calls import CALLS_PATH, RESOURCES_KEY, add_call_directory
 from signaling.errors import ApiError, read_json_object
 from signaling.keys import AGENT_KEY
+from signaling.sip.inbound_owner import may_handle
 from signaling.sip.media import SipRtpLeg
 from signaling.sip.outbound import ANSWERED, CALLING, RINGING, Dialer, OutboundCall, Placement
+from signaling.sip.outbound_policy import OutboundRate, safe_text
 from signaling.sip.refer import TransferError, Transfers, parse_target
 from signaling.sip.trunks import Trunk
 from signaling.sip.ua import CONFIRMED, EARLY, SipCall, UserAgent
@@ -43,6 +54,7 @@ SIP_CALLS_PATH = "/v1/sip/calls"
 MAX_HEADERS = 20
 MAX_HEADER_VALUE = 1024
 MAX_URI_CHARS = 512
+MAX_DISPLAY_NAME = 128
 # Headers the agent writes itself (or that would redirect, forge or break the call).
 FORBIDDEN_HEADERS = frozenset({
     "via", "v", "call-id", "i", "cseq", "from", "f", "to", "t", "contact", "m", "max-forwards",
@@ -60,8 +72,12 @@ def check_uri(value: object, param: str) -> str:
     if not isinstance(value, str) or not value or len(value) > MAX_URI_CHARS:
         raise ApiError("invalid_uri", f"'{param}' must be a sip: URI of at most "
                        f"{MAX_URI_CHARS} characters", param=param)
+    if not value.isascii() or not safe_text(value):
+        raise ApiError("invalid_uri", f"'{param}' holds a control or non-ASCII character "
+                       "(%-escape it)", param=param)
     uri = parse_uri(value)
-    if uri is None or uri.scheme != "sip" or not uri.host or uri.headers is not None:
+    if uri is None or uri.scheme != "sip" or not uri.host or uri.headers is not None \
+            or "?" in value:
         raise ApiError("invalid_uri", f"'{param}' must be a sip: URI such as "
                        "sip:+14155550123@sip.example.com (no ?headers)", param=param)
     return value
@@ -84,7 +100,7 @@ def check_headers(value: object) -> list[tuple[str, str]]:
         if not isinstance(text, str) or len(text) > MAX_HEADER_VALUE:
             raise ApiError("invalid_header", f"'headers.{name}' must be a string of at most "
                            f"{MAX_HEADER_VALUE} characters", param=f"headers.{name}")
-        if UNSAFE_VALUE.search(text):
+        if UNSAFE_VALUE.search(text) or not safe_text(text):
             raise ApiError("invalid_header", f"'headers.{name}' holds a line break or control "
                            "character", param=f"headers.{name}")
         headers.append((name, text.strip()))
@@ -94,14 +110,42 @@ def check_headers(value: object) -> list[tuple[str, str]]:
 def check_from(value: object) -> str | None:
     if value is None:
         return None
-    if isinstance(value, str) and not UNSAFE_VALUE.search(value):
+    if isinstance(value, str) and len(value) <= MAX_URI_CHARS and safe_text(value):
         if value.startswith("sip:"):
             value = f"<{value}>"
         parsed = parse_name_addr(value)
-        if parsed is not None and parsed.uri.is_sip and not parsed.params:
+        uri = parsed.raw_uri or str(parsed.uri) if parsed is not None else ""
+        if parsed is not None and parsed.uri.is_sip and not parsed.params and (
+                parsed.uri.headers is None and "?" not in uri and uri.isascii()
+                and len(parsed.display_name or "") <= MAX_DISPLAY_NAME):
             return str(parsed)
     raise ApiError("invalid_uri", "'from' must be a sip: URI or a name-addr such as "
-                   '"Agent" <sip:agent@example.com> (without a tag)', param="from")
+                   '"Agent" <sip:agent@example.com> (without a tag or ?headers, the name at '
+                   f"most {MAX_DISPLAY_NAME} characters, on one line)", param="from")
+
+
+def check_allowed(placement: Placement, principal: Principal) -> None:
+    """The key may use the trunk, and the trunk may reach the destination (403 otherwise)."""
+    trunk = placement.trunk
+    if trunk is None:
+        return  # a raw sip: URI: bounded by --sip-allow (Dialer.place)
+    if not trunk.usable_by(principal.tenant, principal.operator):
+        raise ApiError("trunk_not_allowed", f"this key may not place calls through trunk "
+                       f"'{trunk.name}' (its 'keys' in --sip-trunks)", param="trunk",
+                       status=403)
+    if not trunk.allow.permits(placement.target):
+        raise ApiError("destination_not_allowed", f"trunk '{trunk.name}' may not call this "
+                       "destination (its 'allow' list in --sip-trunks)", param="to",
+                       status=403)
+
+
+def check_rate(rate: OutboundRate, principal: Principal) -> None:
+    wait = rate.take(str(principal.tenant))
+    if wait > 0:
+        raise ApiError("sip_outbound_rate", f"this key places at most {rate.rate:g} outbound "
+                       f"calls a second (burst {rate.burst}; --sip-outbound-rate); retry "
+                       "shortly", headers={"Retry-After": OutboundRate.retry_after(wait)},
+                       status=429)
 
 
 def placement_from(body: dict[str, Any], trunks: dict[str, Trunk] | Any,
@@ -156,8 +200,8 @@ def describe_outbound(call: OutboundCall) -> dict[str, Any]:
 
 
 class SipCallDirectory:
-    """SIP calls in `/v1/realtime/calls/{id}` (calls.py): inbound ones while they ring (any
-    key but an ephemeral secret sees them, as accept/reject do) and answered (the leg's
+    """SIP calls in `/v1/realtime/calls/{id}` (calls.py): inbound ones while they ring (their
+    owner's, inbound_owner.py, as accept/reject are) and answered (the leg's
     owner), outbound ones from the INVITE on (the placing key), ended outbound ones while
     `GET /v1/sip/calls/{id}` keeps them."""
 
@@ -174,12 +218,13 @@ class SipCallDirectory:
     def _inbound(self, call_id: str, principal: Principal) -> SipCall | None:
         found = self.services(self.app)
         call = found[0].find_call(call_id) if found is not None else None
-        if call is None:
+        if call is None or found is None:
             return None
         owner = call.leg.owner if call.leg is not None else None
         if isinstance(owner, Principal):
             return call if principal.operator or principal.may_manage(owner) else None
-        return call if principal.secret is None else None
+        # ringing: its owner's (inbound_owner.py), or any key's where it has none
+        return call if may_handle(principal, call, found[0].config) else None
 
     def describe(self, call_id: str, principal: Principal) -> dict[str, Any] | None:
         outbound = self._outbound(call_id, principal)
@@ -222,11 +267,17 @@ def install_routes(app: web.Application, services: Services) -> None:
             raise ApiError("call_not_found", "no such call", param="call_id", status=404)
         return dialer, call
 
+    rates: list[OutboundRate] = []  # one, made with the first call (the UA's settings)
+
     async def post_call(request: web.Request) -> web.Response:
-        _, dialer, _ = running(request)
+        ua, dialer, _ = running(request)
         body = await read_json_object(request)
         placement = placement_from(body, dialer.trunks, dialer.ring_timeout)
         principal: Principal = principal_of(request)
+        check_allowed(placement, principal)
+        if not rates:
+            rates.append(OutboundRate(ua.config.outbound_rate, ua.config.outbound_burst))
+        check_rate(rates[0], principal)
         call = await dialer.place(placement, principal)
         location = f"{SIP_CALLS_PATH}/{call.call_id}"
         return web.json_response(call.describe(), status=201, headers={"Location": location})
@@ -247,6 +298,11 @@ def install_routes(app: web.Application, services: Services) -> None:
         request.app[RESOURCES_KEY].lookup(call_id, principal_of(request))
         body = await read_json_object(request)
         target = parse_target(body.get("target_uri"))
+        written = str(body.get("target_uri"))
+        if target.headers is not None or "?" in written or not written.isascii() \
+                or not safe_text(written):
+            raise TransferError("invalid_target", "'target_uri' may not carry ?headers or "
+                                "non-ASCII characters (%-escape them)", param="target_uri")
         leg = request.app[AGENT_KEY].legs.get(call_id)
         if not isinstance(leg, SipRtpLeg):
             raise TransferError("not_a_sip_call", "only SIP calls can be transferred",

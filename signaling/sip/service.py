@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator
 from aiohttp import web
 
 from agent.cli_errors import CliError, exit_with_error
+from signaling.call_limit import add_pending_calls
 from signaling.keys import AGENT_KEY
 from signaling.sip.api import install_routes
 from signaling.sip.config import SipConfig, config_from_args
@@ -69,10 +70,17 @@ def install(app: web.Application, config: SipConfig) -> SipService:
             await ua.stop()
 
     app.cleanup_ctx.append(lifetime)
+    add_pending_calls(app, lambda: pending_outbound(service))  # held while they ring
     app.router.add_get(STATS_PATH, get_stats)
     install_routes(app, lambda app: app[SIP_SERVICE_KEY].ua)  # accept/reject (--sip-webhook)
     install_outbound_routes(app, running_services)  # /v1/sip/calls, .../refer
     return service
+
+
+def pending_outbound(service: SipService) -> dict[str, object]:
+    """The live outbound calls and their owners (those with a leg are counted as legs)."""
+    dialer = service.dialer
+    return {} if dialer is None else {c.call_id: c.owner for c in dialer.live.values()}
 
 
 def running_services(app: web.Application) -> tuple[UserAgent, Dialer, Transfers] | None:

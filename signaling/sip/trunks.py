@@ -14,6 +14,14 @@ make the default From (`sip:from_user@from_domain`; defaults: the username, else
 and the proxy's host); `realm`, when set, is the only realm the credentials are given to.
 Credentials live in the file only (never on the command line) and never reach a log line:
 `Trunk.__repr__` hides the password.
+
+What a trunk may be used for (docs/sip.md, "Outbound limits"):
+- `allow`: the destinations its calls may reach, patterns of numbers or URIs
+  (outbound_policy.Destinations; absent: any);
+- `keys`: the API keys (as given to `--api-key`) that may place calls through it (absent: every
+  key; an `--admin-key` always may); kept as their tenant names, never as the keys;
+- `inbound_key`: the API key that owns the calls arriving from the trunk's proxy address with
+  `--sip-webhook` (overrides `--sip-inbound-key` for them).
 """
 
 from __future__ import annotations
@@ -24,12 +32,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from signaling.auth import tenant_of
 from signaling.sip.digest import Credentials
+from signaling.sip.outbound_policy import Destinations
 from signaling.sip.uri import Uri, is_token, parse_uri
 
 MAX_TRUNKS_FILE_BYTES = 1024 * 1024
 FIELDS = frozenset({"proxy", "username", "password", "transport", "from_user", "from_domain",
-                    "realm"})
+                    "realm", "allow", "keys", "inbound_key"})
+MAX_KEYS = 1000
 TRANSPORTS = ("UDP", "TCP")
 
 
@@ -46,6 +57,14 @@ class Trunk:
     from_user: str = "agent"
     from_domain: str = ""
     realm: str | None = None
+    allow: Destinations = field(default_factory=Destinations)
+    tenants: frozenset[str] | None = field(default=None, repr=False)  # None: every key
+    inbound_tenant: str | None = field(default=None, repr=False)
+
+    def usable_by(self, tenant: str | None, operator: bool) -> bool:
+        """May a key of `tenant` (an operator: any) place calls through this trunk?"""
+        return operator or self.tenants is None or (
+            tenant is not None and tenant in self.tenants)
 
     def credentials_for(self, realm: str) -> Credentials | None:
         """The credentials for a challenge of `realm` (None: not ours to answer)."""
@@ -56,7 +75,9 @@ class Trunk:
     def describe(self) -> dict[str, Any]:
         """What /metrics/sip may show: no username or password."""
         return {"proxy": str(self.proxy), "transport": self.transport,
-                "authenticated": self.credentials is not None}
+                "authenticated": self.credentials is not None,
+                "allow": list(self.allow.patterns) or None,
+                "keys": len(self.tenants) if self.tenants is not None else None}
 
 
 def _text(entry: Mapping[str, Any], key: str, where: str) -> str | None:
@@ -98,9 +119,21 @@ def parse_trunk(name: str, entry: object, where: str) -> Trunk:
             raise TrunkFileError(f"{where}: {key!r} is not usable in a sip: URI")
     credentials = (Credentials(username, password)
                    if username is not None and password is not None else None)
+    try:
+        allow = Destinations.parse(entry.get("allow"), where)
+    except ValueError as exc:
+        raise TrunkFileError(str(exc)) from None
+    keys = entry.get("keys")
+    if keys is not None and (not isinstance(keys, list) or len(keys) > MAX_KEYS or not all(
+            isinstance(k, str) and k and not any(c in k for c in "\r\n\x00") for k in keys)):
+        raise TrunkFileError(f"{where}: 'keys' must be a list of API keys (as given to "
+                             "--api-key) that may call through this trunk")
+    inbound = _text(entry, "inbound_key", where)
     return Trunk(name=name, proxy=proxy, transport=transport, credentials=credentials,
                  from_user=from_user, from_domain=from_domain,
-                 realm=_text(entry, "realm", where))
+                 realm=_text(entry, "realm", where), allow=allow,
+                 tenants=frozenset(map(tenant_of, keys)) if keys is not None else None,
+                 inbound_tenant=tenant_of(inbound) if inbound is not None else None)
 
 
 def parse_trunks(data: object, where: str = "trunks") -> dict[str, Trunk]:

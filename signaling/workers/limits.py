@@ -1,11 +1,12 @@
 """With several workers, the limits an operator sets are the server's, not each worker's.
 
-Three limits are counted together in the worker folder (worker_tally.py):
+Four limits are counted together in the worker folder (worker_tally.py):
 - `--max-sessions`: every worker may hold calls up to the limit, but admits one only while
   all workers together hold fewer (`CallLimit`, the agent's `SharedCapacity`);
 - `--max-unauthenticated-per-address`: the connections one address holds unauthenticated,
   on every worker together (the address gate of this process counts there);
-- `--max-secrets-per-key`: one key's unused ephemeral secrets, on every worker together.
+- `--max-secrets-per-key`: one key's unused ephemeral secrets, on every worker together;
+- `--max-calls-per-key` outside a cluster: one key's calls (call_limit.py), the same way.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from aiohttp import web
 
 from signaling import address_limit
 from signaling.auth import SECRETS_KEY
+from signaling.call_limit import KEY_CALL_LIMIT_KEY
 from signaling.keys import AGENT_KEY
 from signaling.workers.tally import SharedTally, key_of
 
@@ -57,6 +59,7 @@ def install(app: web.Application, folder: Path, index: int, count: int) -> None:
     if agent.settings.max_calls:
         agent.shared_capacity = CallLimit(tally("calls", 1), agent.settings.max_calls)
     addresses = tally("addresses", ADDRESS_SLOTS)
+    key_calls = tally("key_calls", TENANT_SLOTS)  # --max-calls-per-key (call_limit.py)
     app[SECRETS_KEY].share(tally("secrets", TENANT_SLOTS), key_of)
     app[TALLIES_KEY] = tallies
 
@@ -64,6 +67,9 @@ def install(app: web.Application, folder: Path, index: int, count: int) -> None:
         # The gate is made with the event loop (slow_clients.guarded_event_loop), after the app.
         if address_limit.GATE is not None:
             address_limit.GATE.share(addresses, key_of)
+        key_limit = app.get(KEY_CALL_LIMIT_KEY)  # installed after the workers' routing
+        if key_limit is not None:
+            key_limit.share(key_calls, key_of)
 
     async def close(app: web.Application) -> None:
         agent.shared_capacity = None
@@ -78,5 +84,9 @@ def install(app: web.Application, folder: Path, index: int, count: int) -> None:
 
 
 def refresh(app: web.Application) -> None:
-    """Forget this worker's dead secrets, so the others stop counting them."""
+    """Forget this worker's dead secrets, so the others stop counting them; tell them the
+    calls each key holds here."""
     app[SECRETS_KEY].prune(app[AGENT_KEY].legs)
+    key_limit = app.get(KEY_CALL_LIMIT_KEY)
+    if key_limit is not None:
+        key_limit.publish()

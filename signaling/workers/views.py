@@ -18,7 +18,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.utils import floatToGoString
 
 Answers = list[tuple[int, int | None, bytes]]
-SUMMED_HEALTH = ("active_calls", "capacity", "plugin_slots", "event_loop_tasks")
+SUMMED_HEALTH = ("active_calls", "pending_calls", "capacity", "plugin_slots",
+                 "event_loop_tasks")
 
 
 def _answered(answers: Answers) -> list[tuple[int, bytes]]:

@@ -17,6 +17,8 @@ def parse(argv: list[str]):  # type: ignore[no-untyped-def]
 
 def test_without_cluster_nothing_is_set() -> None:
     assert parse([]) is None
+    # --max-calls-per-key then counts this server's calls (signaling/call_limit.py)
+    assert parse(["--max-calls-per-key", "3"]) is None
 
 
 def test_the_secret_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -30,7 +32,7 @@ def test_the_secret_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) 
 
 
 @pytest.mark.parametrize(("argv", "code"), [
-    (["--max-calls-per-key", "3"], "cluster_flag_without_cluster"),
+    (["--max-calls-per-key", "-1"], "max_calls_per_key_invalid"),
     (["--cluster", "http://x:1/0", "--node-address", "http://a:1"], "cluster_url_invalid"),
     (["--cluster", "redis://x:1/0"], "node_address_missing"),
     (["--cluster", "redis://x:1/0", "--node-address", "10.0.0.5:8080"], "node_address_invalid"),
