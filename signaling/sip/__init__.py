@@ -3,7 +3,7 @@
 A small RFC 3261 user agent of our own (no SIP library on PyPI is fit: the candidates own
 the RTP themselves, or, tried against sipp, turned a retransmitted INVITE into a second
 call, never retransmitted their own requests and sent in-dialog requests to the wrong
-place; ../shared/docs/SIP.md and docs/sip.md). One concept per module:
+place; docs/sip.md). One concept per module:
 
 - `uri.py`: SIP URIs, name-addr values, header parameters.
 - `message.py`: parse and write messages (RFC 4475-hardened), TCP framing.

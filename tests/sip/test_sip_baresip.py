@@ -5,9 +5,11 @@ uses), L16/16000 and PCMU. Keys pressed on it (`sndcode` over its ctrl_tcp socke
 call's sideband websocket (`GET /v1/realtime?call_id=`) as
 `input_audio_buffer.dtmf_event_received` events.
 
-baresip runs headless on 127.0.0.1 (config from ../shared/docs/SIP.md: aufile source,
-aubridge player), with `-t` as its own time bound, and is stopped by its PID. Without
-baresip these tests skip (and fail under CI).
+baresip runs headless on 127.0.0.1 with the configuration docs/sip.md gives to copy,
+examples/baresip/config and accounts (aufile source, aubridge player, sndfile recorder),
+changed only where a test must (fresh ports, its own WAV and folder, the codec it offers),
+with `-t` as its own time bound, and is stopped by its PID. Without baresip these tests skip
+(and fail under CI).
 """
 
 from __future__ import annotations
@@ -97,25 +99,56 @@ class Baresip:
         return path
 
 
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "baresip"
+EXAMPLE_ACCOUNT = "sip:me@127.0.0.1:5062"
+
+
+def configured(text: str, values: dict[str, str]) -> str:
+    """The example config with each key of `values` set (every one must be in it: a test
+    changes only what the example has) and `module` lines for the modules it lacks."""
+    lines = text.splitlines()
+    seen: set[str] = set()
+    for index, line in enumerate(lines):
+        key = line.split(None, 1)[0] if line.strip() else ""
+        if key in values and key != "module":
+            lines[index] = f"{key}\t\t{values[key]}"
+            seen.add(key)
+    assert seen == set(values) - {"module"}, f"not in examples/baresip/config: " \
+        f"{set(values) - seen - {'module'}}"
+    modules = [index for index, line in enumerate(lines) if line.startswith("module\t")]
+    loaded = {lines[index].split()[1] for index in modules}
+    lines[modules[-1] + 1:modules[-1] + 1] = [
+        f"module\t\t\t{name}" for name in values.get("module", "").split() if name not in loaded]
+    return "\n".join(lines) + "\n"
+
+
+def account_line(user: str, port: int, params: str) -> str:
+    """The example's account as `user` on `port`, its `audio_codecs` replaced by `params`."""
+    (line,) = [line for line in (EXAMPLE / "accounts").read_text().splitlines()
+               if line.startswith("<")]
+    assert EXAMPLE_ACCOUNT in line, line
+    kept = [part for part in line.split(";")[1:] if not part.startswith("audio_codecs=")]
+    uri = line.split(";")[0].replace(EXAMPLE_ACCOUNT, f"sip:{user}@{HOST}:{port}")
+    return ";".join([uri, *kept, *([params] if params else [])])
+
+
 def write_config(workdir: Path, wav: Path, rate: int, modules: list[str], user: str,
                  account: str) -> tuple[int, int]:
-    """baresip's `config` and `accounts` in workdir/baresip, on fresh loopback ports:
-    headless (`aubridge` plays nothing), `wav` as its microphone at `rate`, `modules` loaded,
-    what it hears recorded in workdir/records, one account `user` with the parameters
-    `account` ("audio_codecs=..."). Returns (SIP port, ctrl_tcp port)."""
+    """examples/baresip's `config` and `accounts` in workdir/baresip, on fresh loopback
+    ports: headless (`aubridge` plays nothing), `wav` as its microphone at `rate`, `modules`
+    loaded besides the example's, what it hears recorded in workdir/records, one account
+    `user` with the parameters `account` ("audio_codecs=..."). Returns (SIP port, ctrl_tcp
+    port)."""
     config, records = workdir / "baresip", workdir / "records"
     config.mkdir(parents=True, exist_ok=True)
     records.mkdir(exist_ok=True)
     sip_port, ctrl_port = free_udp_port(), free_tcp_port()
-    (config / "config").write_text("\n".join([
-        "poll_method epoll", f"sip_listen {HOST}:{sip_port}", "sip_transports udp",
-        f"net_interface {HOST}", f"audio_source aufile,{wav}", "audio_player aubridge,nowhere",
-        "audio_alert aubridge,nowhere", f"ausrc_srate {rate}", f"auplay_srate {rate}",
-        "ausrc_channels 1", "auplay_channels 1", f"module_path {MODULES}",
-        *(f"module {name}.so" for name in modules),
-        "module_app account.so", "module_app menu.so", "module_app ctrl_tcp.so",
-        f"ctrl_tcp_listen {HOST}:{ctrl_port}", f"snd_path {records}", ""]))
-    (config / "accounts").write_text(f"<sip:{user}@{HOST}:{sip_port}>;regint=0;{account}\n")
+    (config / "config").write_text(configured((EXAMPLE / "config").read_text(), {
+        "sip_listen": f"{HOST}:{sip_port}", "net_interface": HOST,
+        "audio_source": f"aufile,{wav}", "ausrc_srate": str(rate), "auplay_srate": str(rate),
+        "module_path": MODULES, "ctrl_tcp_listen": f"{HOST}:{ctrl_port}",
+        "snd_path": str(records), "module": " ".join(f"{name}.so" for name in modules)}))
+    (config / "accounts").write_text(account_line(user, sip_port, account) + "\n")
     return sip_port, ctrl_port
 
 
