@@ -1,6 +1,10 @@
 """When a leg has to end on its own: never connected, caller gone quiet, or out of time.
 
 Pure bookkeeping on monotonic seconds, so the rules are tested without waiting for them.
+
+A leg whose transport has no connection to wait for (a SIP call's RTP) may set
+`media_timeout` instead: the far end's media must be heard within that many seconds of the
+start, and then never fall silent for longer; either ends the leg `media_timeout`.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ from agent.call_settings import CallSettings
 CONNECT_TIMEOUT = "connect_timeout"
 IDLE_TIMEOUT = "idle_timeout"
 MAX_CALL_SECONDS = "max_call_seconds"
+MEDIA_TIMEOUT = "media_timeout"
 
 
 class Watchdog:
@@ -20,6 +25,7 @@ class Watchdog:
         self.started_at = time.monotonic() if now is None else now
         self.media_started_at: float | None = None  # connected / first caller audio
         self.last_inbound_at: float | None = None
+        self.media_timeout: float | None = None  # replaces connect and idle timeouts when set
 
     def media_started(self, now: float | None = None) -> None:
         """The transport is up (WebRTC connected, or the first caller audio arrived)."""
@@ -33,9 +39,15 @@ class Watchdog:
     def verdict(self, now: float) -> str | None:
         """Why the leg must end now (an end reason), or None while it may go on."""
         settings = self.settings
+        media = self.media_timeout
         if self.media_started_at is None:
+            if media is not None:
+                return MEDIA_TIMEOUT if now - self.started_at > media else None
             return CONNECT_TIMEOUT if now - self.started_at > settings.connect_timeout else None
-        if now - (self.last_inbound_at or self.media_started_at) > settings.idle_timeout:
+        silent = now - (self.last_inbound_at or self.media_started_at)
+        if media is not None and silent > media:
+            return MEDIA_TIMEOUT
+        if media is None and silent > settings.idle_timeout:
             return IDLE_TIMEOUT
         limit = settings.max_call_seconds
         if limit and now - self.media_started_at > limit:

@@ -39,6 +39,7 @@ from agent.telephony.address_policy import DEFAULT_ALLOWED_NETWORKS, IPNetwork, 
 from agent.telephony.codec import CODECS, NarrowbandCodec, codec_by_name
 from agent.telephony.dtmf_sender import DtmfSender
 from agent.telephony.leg import SEND_ERRORS, TelephonyLeg
+from agent.telephony.remote_check import RemoteCheck
 from agent.telephony.rtp_jitter import Concealer, InboundTicks, JitterBuffer
 from agent.telephony.srtp import SrtpTransform
 from agent.telephony.telephone_event import DEFAULT_PAYLOAD_TYPE as DEFAULT_DTMF_PAYLOAD_TYPE
@@ -185,6 +186,9 @@ class RtpLeg(TelephonyLeg):
         self._send_clock = agent.send_clock
         self._leave_send_clock: Callable[[], None] | None = None
         self.srtp: SrtpTransform | None = None  # SDES-SRTP: packets (un)protected (srtp.py)
+        # A remote named by someone else's words (SDP) is sent a burst only until it is heard
+        # (remote_check.py); None: the remote is trusted (named by an authenticated API call).
+        self.remote_check: RemoteCheck | None = None
 
     @property
     def local_text(self) -> str:
@@ -212,6 +216,8 @@ class RtpLeg(TelephonyLeg):
         except ValueError:
             self.packets_malformed += 1
             return
+        if self.remote_check is not None and self.remote is not None:
+            self.remote_check.confirm(source[0])  # RTP from the remote: it is there
         if packet.payload_type == self.dtmf_payload_type:
             self._on_telephone_event(packet)
             return
@@ -294,6 +300,8 @@ class RtpLeg(TelephonyLeg):
         self._play_one()  # the inbound side runs on the same 20 ms clock
         if self.remote is None:
             return  # latching: nowhere to send until the remote speaks first
+        if self.remote_check is not None and not self.remote_check.may_send():
+            return  # not heard yet, and its burst is spent (remote_check.py)
         event = self.dtmf_out.next_packet(self._timestamp) if self.dtmf_out.busy else None
         if event is not None and self.dtmf_payload_type is not None:
             packet = RtpPacket(  # a digit being sent takes this tick's place (RFC 4733)
@@ -372,6 +380,7 @@ class RtpLeg(TelephonyLeg):
             "jitter": {**self.jitter.stats.to_dict(), "held": self.jitter.held,
                        "held_bytes": self.jitter.held_bytes},
             **({"srtp": self.srtp.stats()} if self.srtp is not None else {}),
+            **(self.remote_check.stats() if self.remote_check is not None else {}),
         }
 
 

@@ -15,6 +15,7 @@ from agent.telephony.address_policy import DEFAULT_RTP_ALLOW, IPNetwork, parse_n
 from signaling.auth import API_KEY_ENV, tenant_of
 from signaling.sip import budget as sip_budget
 from signaling.sip import guard as sip_guard
+from signaling.sip import media as sip_media
 from signaling.sip import outbound_policy
 from signaling.sip import sdes as sip_sdes
 from signaling.sip import tls as sip_tls
@@ -53,6 +54,7 @@ class SipConfig:
     tls: sip_tls.SipTlsSettings | None = None  # --sip-tls-cert: also SIP over TLS (tls.py)
     srtp: str = sip_sdes.DEFAULT_MODE  # --sip-srtp off|offer|require (sdes.py)
     caller_auth: CallerAuthSettings | None = None  # --sip-auth-file (caller_auth.py)
+    media_timeout: float = sip_media.DEFAULT_MEDIA_TIMEOUT  # --sip-media-timeout (media.py)
     # outbound_policy.py: calls one key may place a second (0: no limit), at once
     outbound_rate: float = outbound_policy.DEFAULT_RATE
     outbound_burst: int = outbound_policy.DEFAULT_BURST
@@ -140,6 +142,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     sip_budget.add_arguments(group)  # --sip-message-rate/-burst, --sip-max-transactions, TCP
     sip_tls.add_arguments(group, parse_listen)  # --sip-tls-cert/-key/-listen/-ca
     sip_sdes.add_arguments(group)  # --sip-srtp
+    sip_media.add_arguments(group)  # --sip-media-timeout
     outbound_policy.add_arguments(group)  # --sip-outbound-rate/-burst, --sip-inbound-key
     group.add_argument("--sip-auth-file", default=None, metavar="FILE",
                        help='JSON {"realm": "...", "users": {"alice": "password" | {"ha1": '
@@ -184,6 +187,7 @@ def config_from_args(args: argparse.Namespace) -> SipConfig | None:
         trunks=load_trunks(trunks_file) if trunks_file else {},
         ring_timeout=getattr(args, "sip_ring_timeout", DEFAULT_RING_TIMEOUT),
         srtp=getattr(args, "sip_srtp", sip_sdes.DEFAULT_MODE),
+        media_timeout=getattr(args, "sip_media_timeout", sip_media.DEFAULT_MEDIA_TIMEOUT),
         caller_auth=(load_auth_file(args.sip_auth_file)
                      if getattr(args, "sip_auth_file", None) else None),
         outbound_rate=getattr(args, "sip_outbound_rate", outbound_policy.DEFAULT_RATE),

@@ -1,5 +1,4 @@
-"""Abuse limits of the SIP user agent: an INVITE rate per source address, and in-dialog
-requests only from where the dialog's own requests may come.
+"""Abuse limits of the SIP user agent: an INVITE rate per source address.
 
 **INVITE flood.** Each source address has a token bucket for new INVITEs (not their
 retransmissions, which their transaction absorbs): `--sip-invite-rate` tokens a second up to
@@ -13,21 +12,12 @@ tells how many were refused and from where. The buckets are a few lines of arith
 dict; the rate-limit libraries on PyPI (limits, aiolimiter) keep per-key state without a
 bound or per-limiter objects, which is what a flood of distinct addresses must not grow.
 
-**Spoofed in-dialog requests.** A BYE, re-INVITE or CANCEL for a live call is taken only
-from an address the dialog's requests can come from (RFC 3261 §12, §16): the address its
-INVITE came from (the caller, or the first-hop proxy that sent it), the remote target
-(Contact, and a re-INVITE's new one) and the hosts of the route set (Record-Route) when
-they are IP literals; for an outbound call's dialog, the address its INVITE went to, the
-2xx's Contact and the route set (`outbound_dialog_sources`). Addresses are compared without
-ports: a UA may send over TCP from any
-port, and over UDP from another socket than its Contact's. Anything else gets 403 and is
-counted; the call goes on.
+In-dialog requests from the wrong address are refused by dialog_guard.py.
 """
 
 from __future__ import annotations
 
 import argparse
-import ipaddress
 import logging
 import math
 from collections import Counter, OrderedDict
@@ -36,9 +26,6 @@ from enum import Enum
 
 from agent.audio.clock import Clock, MonotonicClock
 from agent.logs.log_safe import LogThrottle
-from signaling.sip.dialog import Dialog
-from signaling.sip.message import SipRequest
-from signaling.sip.uri import parse_name_addr
 
 log = logging.getLogger(__name__)
 
@@ -142,54 +129,6 @@ class InviteLimiter:
         return {"invite_rate": self.settings.invite_rate,
                 "invite_burst": self.settings.invite_burst,
                 "addresses": len(self._buckets), **self.counters}
-
-
-# -- in-dialog requests ------------------------------------------------------------------------
-
-
-def _ip_of(host: str) -> str | None:
-    try:
-        return str(ipaddress.ip_address(host.strip("[]")))
-    except ValueError:
-        return None
-
-
-def dialog_sources(invite: SipRequest, invite_source: str, dialog: Dialog) -> frozenset[str]:
-    """The addresses a dialog's in-dialog requests may come from (see the module doc)."""
-    sources = {ip for ip in (_ip_of(invite_source), _ip_of(dialog.remote_target.host)) if ip}
-    for route in dialog.route_set:
-        ip = _ip_of(route.uri.host)
-        if ip:
-            sources.add(ip)
-    for value in invite.headers.get_all("contact"):
-        contact = parse_name_addr(value)
-        ip = _ip_of(contact.uri.host) if contact is not None else None
-        if ip:
-            sources.add(ip)
-    return frozenset(sources)
-
-
-def outbound_dialog_sources(next_hop: str, dialog: Dialog) -> frozenset[str]:
-    """The addresses the far end of an outbound call may send its in-dialog requests from:
-    where the agent sent its INVITE (the peer, or the trunk's proxy), the remote target
-    (the 2xx's Contact, moved by a target refresh) and the route set's IP hosts."""
-    sources = {ip for ip in (_ip_of(next_hop), _ip_of(dialog.remote_target.host)) if ip}
-    sources.update(ip for ip in (_ip_of(route.uri.host) for route in dialog.route_set) if ip)
-    return frozenset(sources)
-
-
-def request_source(request: SipRequest) -> str | None:
-    """Where a received request came from, as the transport stamped it in its top Via
-    (`received`, else the sent-by host the source matched)."""
-    via = request.top_via
-    if via is None:
-        return None
-    return via.param("received") or via.host
-
-
-def source_allowed(sources: frozenset[str], address: str) -> bool:
-    ip = _ip_of(address)
-    return ip is not None and ip in sources
 
 
 # -- flags -------------------------------------------------------------------------------------

@@ -8,16 +8,27 @@ leg ends for any reason (idle timeout, `DELETE /v1/realtime/calls/{id}`, drain, 
 tells the user agent, which sends the BYE. The remote is the SDP's c=/m= address, checked
 against `--rtp-allow` like an HTTP-created leg's; RTP is taken from that IP on the first port
 it sends from.
+
+Anyone can write an SDP address, so the leg sends only a short burst there until the far
+end's RTP is heard, or until the user agent vouches for the address (`vouch`: the host the
+call's ACK came from, or the one the agent itself dialed); see
+agent/telephony/remote_check.py. `--sip-media-timeout` ends a call whose far end is not
+heard within that many seconds, or falls silent that long mid-call (`media_timeout`,
+instead of the idle timeout of other legs); a call held by agreement (the far end sends
+nothing) is not silent, once its remote was confirmed.
 """
 
 from __future__ import annotations
 
+import argparse
+import time
 from collections.abc import Callable
 from typing import Any
 
 from agent.leg import prepare_config
 from agent.media_agent import MediaAgent
 from agent.plugins.base import SessionConfig
+from agent.telephony.remote_check import RemoteCheck
 from agent.telephony.rtp_leg import (
     Address,
     RtpLeg,
@@ -36,6 +47,8 @@ SIP_OWNER = Principal("sip")
 
 LegClosed = Callable[["SipRtpLeg", str], None]
 
+DEFAULT_MEDIA_TIMEOUT = 10.0  # seconds without the far end's RTP before a SIP call ends
+
 
 class SipRtpLeg(RtpLeg):
     id_prefix = "sip"
@@ -49,6 +62,18 @@ class SipRtpLeg(RtpLeg):
         self.sip_call_id: str | None = None
         self.direction = "sendrecv"
         self._protocol: RtpProtocol | None = None
+        self.remote_check = RemoteCheck()
+        self.watchdog.media_timeout = DEFAULT_MEDIA_TIMEOUT
+
+    def vouch(self, host: str) -> None:
+        """The user agent knows `host` for the far end's (see the module doc): when the
+        remote is on it, it is confirmed without waiting for its RTP."""
+        if self.remote is not None and self.remote[0] == host and self.remote_check is not None:
+            self.remote_check.confirm(host)
+
+    def start_watchdog(self) -> None:
+        self.watchdog.started_at = time.monotonic()  # an early-media leg waited for its answer
+        super().start_watchdog()
 
     def apply(self, choice: AudioChoice, direction: str) -> None:
         """Direction and remote address from an offer (the initial INVITE or a re-INVITE)."""
@@ -57,13 +82,17 @@ class SipRtpLeg(RtpLeg):
         self.agent_sends = choice.agent_sends
         self.caller_sends = choice.caller_sends
         if choice.remote is not None and choice.remote != self.remote:
+            if self.remote_check is not None:
+                self.remote_check.moved(choice.remote[0])
             self.remote = choice.remote
             self.remote_source = None  # learn the new sender's port afresh
             self.latching = False
 
     def _send_one(self, payload: bytes) -> None:
         # RtpLeg's 20 ms tick: inbound playout, then one packet out. On hold, only the first.
-        if not self.caller_sends:  # held or muted by agreement: no audio is not idleness
+        held = not self.caller_sends and (self.remote_check is None
+                                          or self.remote_check.confirmed)
+        if held:  # held or muted by agreement: no audio is not idleness
             self.watchdog.media_started()
             self.watchdog.heard()
         if self.agent_sends:
@@ -89,7 +118,8 @@ async def open_sip_leg(agent: MediaAgent, choice: AudioChoice, settings: RtpSett
                        sip_call_id: str, on_closed: LegClosed, *, leg_id: str | None = None,
                        session: SessionConfig | None = None,
                        owner: Principal = SIP_OWNER,
-                       srtp: SrtpKeys | None = None) -> SipRtpLeg:
+                       srtp: SrtpKeys | None = None,
+                       media_timeout: float = DEFAULT_MEDIA_TIMEOUT) -> SipRtpLeg:
     """Admit, bind, open the plugin session (`session`, else the server's default) and
     start sending. Raises CallError (full, draining, no port) or PluginError."""
     remote: Address | None = choice.remote
@@ -105,6 +135,7 @@ async def open_sip_leg(agent: MediaAgent, choice: AudioChoice, settings: RtpSett
     leg._protocol = protocol
     leg.owner = owner
     leg.sip_call_id = sip_call_id
+    leg.watchdog.media_timeout = media_timeout
     leg.apply(choice, choice.answer_direction)
     try:
         await leg.open_plugin_slot(await prepare_config(leg.plugin, session or SessionConfig()))
@@ -115,3 +146,22 @@ async def open_sip_leg(agent: MediaAgent, choice: AudioChoice, settings: RtpSett
     leg.start_watchdog()
     leg.start_sending()
     return leg
+
+
+def media_timeout_argument(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0.1 <= value <= 3600:
+        raise argparse.ArgumentTypeError(f"expected 0.1 to 3600 seconds, not {text!r}")
+    return value
+
+
+def add_arguments(group: argparse._ArgumentGroup) -> None:
+    group.add_argument("--sip-media-timeout", type=media_timeout_argument,
+                       default=DEFAULT_MEDIA_TIMEOUT, metavar="S",
+                       help="end a SIP call (reason media_timeout) when the far end's RTP is "
+                       "not heard within S seconds of the answer, or stops for S seconds "
+                       "mid-call; replaces --idle-timeout for SIP calls (default "
+                       f"{DEFAULT_MEDIA_TIMEOUT:g})")

@@ -26,10 +26,13 @@ telephone-event. Then:
 In the dialog, the far end's re-INVITE or UPDATE with an offer holds, resumes or moves the
 call as on inbound calls (on the call's codec; `call.media_updated` notes the direction): the
 2xx of a re-INVITE is retransmitted until its ACK (hooks.py's ACK hook); an offerless
-re-INVITE gets the agent's offer and the answer comes in the ACK. A BYE, re-INVITE or UPDATE
-from an address that is not the dialog's (guard.py's `outbound_dialog_sources`) gets 403 and
-counts as `spoofed_in_dialog`. A REFER from the far end is answered 405 by the core (the
-agent does not transfer itself).
+re-INVITE gets the agent's offer and the answer comes in the ACK. Every request in the
+dialog from a transport address that is not the dialog's (dialog_guard.py's
+`outbound_dialog_sources`, registered with the user agent, which checks it for inbound and
+outbound calls alike) gets 403 (an ACK is dropped) and counts as `spoofed_in_dialog`. A
+REFER from the far end is answered 405 by the core (the agent does not transfer itself).
+The answer's media address gets the agent's RTP at once when it is the host the INVITE
+went to; another host only a short burst until its RTP is heard (media.py).
 
 Each call keeps its state (calling, ringing, answered, ended), ending reason, SIP status and
 events; ended calls stay readable (`GET /v1/sip/calls/{id}`) for a while, the newest
@@ -56,9 +59,9 @@ from agent.telephony.rtp_leg import RtpProtocol, bind_rtp_port, check_remote
 from agent.worker_tag import ID_TOKEN_BYTES, tagged_token
 from signaling.auth import Principal
 from signaling.sip.dialog import Dialog, new_branch, new_tag
+from signaling.sip.dialog_guard import outbound_dialog_sources
 from signaling.sip.digest import answer as digest_answer
 from signaling.sip.digest import best_challenge
-from signaling.sip.guard import outbound_dialog_sources, request_source, source_allowed
 from signaling.sip.hooks import DialogHook
 from signaling.sip.media import SipRtpLeg
 from signaling.sip.message import Headers, SipRequest, SipResponse
@@ -399,6 +402,8 @@ class Dialer:
 
         call.hook = hook
         self.ua.dialog_hooks.add(dialog.id, hook)
+        self.ua.dialog_sources.add(
+            dialog.id, lambda: outbound_dialog_sources(call.flow.remote[0], dialog))
         await self._send_ack(call)
         if call.state == ENDED:
             return
@@ -520,6 +525,7 @@ class Dialer:
         except AgentError as exc:
             return exc.code
         leg.apply(choice, choice.answer_direction)
+        leg.vouch(call.flow.remote[0])
         leg.start_watchdog()
         return None
 
@@ -544,7 +550,9 @@ class Dialer:
             leg._protocol = protocol
             leg.owner = call.owner
             leg.sip_call_id = call.sip_call_id
+            leg.watchdog.media_timeout = ua.config.media_timeout
             leg.apply(choice, choice.answer_direction)
+            leg.vouch(call.flow.remote[0])  # media on the host the agent dialed
             if early:
                 leg.agent_sends = False
             call.leg = leg
@@ -664,14 +672,6 @@ class Dialer:
         dialog = call.dialog
         assert dialog is not None
         respond = self.ua._response
-        if request.method in ("BYE", "INVITE", "UPDATE"):
-            source = request_source(request)
-            if source is None or not source_allowed(
-                    outbound_dialog_sources(call.flow.remote[0], dialog), source):
-                self.ua._note("spoofed_in_dialog", "%s for outbound call %s from %s, not its "
-                              "peer or proxy: 403", request.method, call.call_id, source)
-                tx.respond(respond(request, 403))
-                return True
         if request.method in ("BYE", "INVITE", "OPTIONS", "UPDATE"):
             if request.cseq.number < dialog.remote_seq:
                 tx.respond(respond(request, 500, reason="CSeq Out of Order"))
@@ -826,6 +826,7 @@ class Dialer:
             call.hook = None
         if call.dialog is not None:
             self.ua.dialog_hooks.set_ack(call.dialog.id, None)
+            self.ua.dialog_sources.remove(call.dialog.id)
         call.admission.close()
         if not call.slot_opened:
             self.ua.agent.plugin.discard_runtime_config(call.prepared.runtime_config)

@@ -11,6 +11,8 @@ A failure (REFER refused or unanswered, a sipfrag of 300-699, the subscription t
 without a final status, no final NOTIFY within 64*T1) keeps the call and is reported as a
 `call.transfer.failed` event on the leg. Every step is an event on the leg
 (`call.transfer.accepted`, `call.transfer.progress`, `call.transfer.completed`).
+A NOTIFY reaches this only from the call's own peer or proxy: the user agent refuses any
+request of the dialog from another transport address first (dialog_guard.py).
 """
 
 from __future__ import annotations

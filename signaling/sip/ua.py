@@ -23,6 +23,9 @@ dropped), a retransmission is absorbed by its transaction (transaction.py). Then
 - BYE: 200 and the leg ends. The agent's own BYE (the leg ended: HTTP hang-up, idle timeout,
   drain, shutdown) goes to the remote target through the route set, on a client transaction.
 - OPTIONS: 200 with Allow/Accept, 503 while draining, full or not ready (probes).
+- Any request in a live dialog, inbound or outbound (the CANCEL of a ringing call too), from
+  a transport address that is not the dialog's: 403, an ACK dropped, the call untouched
+  (dialog_guard.py). The top Via's `received` (and `rport`) always get the real source.
 - ACK, and 481 for BYE/CANCEL/re-INVITE of an unknown dialog; 405 for methods the agent
   knows but does not serve, 501 for the rest; 420 for a Require it does not support.
 
@@ -61,7 +64,8 @@ from signaling.sip.budget import CAP_RETRY_AFTER, MessageBudget, TransactionCap
 from signaling.sip.caller_auth import CallerAuth
 from signaling.sip.config import WILDCARDS, SipConfig
 from signaling.sip.dialog import Dialog, DialogId, new_tag
-from signaling.sip.guard import InviteLimiter, Verdict, dialog_sources, source_allowed
+from signaling.sip.dialog_guard import DialogSources, dialog_sources, source_allowed
+from signaling.sip.guard import InviteLimiter, Verdict
 from signaling.sip.hooks import DialogHooks
 from signaling.sip.media import SIP_OWNER, SipRtpLeg, open_sip_leg
 from signaling.sip.message import (
@@ -200,6 +204,8 @@ class UserAgent:
         self.transaction_cap = TransactionCap(config.budget)  # --sip-max-transactions
         # Dialogs served outside this core: outbound calls, a transfer's NOTIFYs (hooks.py).
         self.dialog_hooks = DialogHooks()
+        # Where the requests of those dialogs may come from (dialog_guard.py).
+        self.dialog_sources = DialogSources()
         # --sip-auth-file: digest challenges for callers (caller_auth.py)
         self.caller_auth = CallerAuth(config.caller_auth) if config.caller_auth else None
 
@@ -331,8 +337,10 @@ class UserAgent:
 
     def _on_request(self, request: SipRequest, flow: Flow) -> None:
         self._stamp_via(request, flow)
+        if not self._from_dialog_peer(request, flow):
+            return
         if request.method == "ACK":
-            self._on_ack(request)
+            self._on_ack(request, flow)
             return
         existing = self.transactions.find_server(request)
         if existing is not None:
@@ -381,8 +389,7 @@ class UserAgent:
 
     def _guarded(self, request: SipRequest, flow: Flow) -> bool:
         """guard.py: True when the request was refused statelessly, as a new INVITE over the
-        source's rate (503 or nothing) or an in-dialog request from an address that is not
-        the dialog's peer or proxy (403)."""
+        source's rate or past the transaction cap (503 or nothing)."""
         source = flow.remote[0]
         if (len(self.transactions.servers) >= self.config.budget.max_transactions > 0
                 and not self._in_live_dialog(request)):
@@ -397,20 +404,33 @@ class UserAgent:
                 self._reply_stateless(request, flow, 503, headers=[
                     ("Retry-After", str(decision.retry_after))])
             return decision.verdict is not Verdict.ADMIT
+        return False
+
+    def _from_dialog_peer(self, request: SipRequest, flow: Flow) -> bool:
+        """dialog_guard.py, for inbound and outbound calls alike: False when a request in a
+        live dialog (or the CANCEL of a ringing call) came from a transport address that is
+        not the dialog's; it was refused (403, an ACK dropped) and the call is untouched."""
+        sources: frozenset[str] | None = None
         if request.method == "CANCEL":
             invite_tx = self.transactions.find_invite(request)
             call = self._by_invite.get(server_key(invite_tx.request)) if invite_tx else None
-        elif request.method in ("BYE", "INVITE"):
+        elif request.to_addr.tag:
             call = self.calls.get(dialog_id_of(request))
+            if call is None:
+                sources = self.dialog_sources.get(dialog_id_of(request))
         else:
-            return False
-        if call is None or source_allowed(
-                dialog_sources(call.invite, call.flow.remote[0], call.dialog), source):
-            return False
-        self._note("spoofed_in_dialog", "%s for call %s from %s, not its peer or proxy: 403",
-                   request.method, printable(call.dialog.call_id), source)
-        self._reply_stateless(request, flow, 403)
-        return True
+            return True
+        if call is not None and call.state != ENDED:
+            sources = dialog_sources(call.invite, call.flow.remote[0], call.dialog)
+        source = flow.remote[0]
+        if sources is None or source_allowed(sources, source):
+            return True
+        self._note("spoofed_in_dialog", "%s in dialog %s from %s, not its peer or proxy: %s",
+                   request.method, printable(request.call_id), source,
+                   "dropped" if request.method == "ACK" else "403")
+        if request.method != "ACK":
+            self._reply_stateless(request, flow, 403)
+        return False
 
     def _in_live_dialog(self, request: SipRequest) -> bool:
         """A request within a live call's dialog (exempt from --sip-max-transactions)."""
@@ -425,24 +445,21 @@ class UserAgent:
         return ", ".join(request.headers.get_all("require"))  # no extension is supported yet
 
     def _stamp_via(self, request: SipRequest, flow: Flow) -> None:
-        """§18.2.1 and RFC 3581: note where the request really came from in its top Via."""
+        """§18.2.1 and RFC 3581: note where the request really came from in its top Via,
+        always: `received` is the transport's source address (whatever the sender wrote
+        there is replaced) and `rport`, when present, its port. Nothing here is trusted as
+        the source, though: checks take the flow's address (dialog_guard.py)."""
         values = request.headers.get_all("via")
         via = parse_via(values[0]) if values else None
         if via is None:
             return
-        params = list(via.params)
-        changed = False
-        if via.host != flow.remote[0]:
-            params = [p for p in params if p[0].lower() != "received"]
-            params.append(("received", flow.remote[0]))
-            changed = True
-        if any(name.lower() == "rport" and not value for name, value in params):
-            params = [(n, str(flow.remote[1]) if n.lower() == "rport" else v) for n, v in params]
-            changed = True
-        if changed:
-            values[0] = str(type(via)(via.protocol, via.transport, via.host, via.port,
-                                      tuple(params)))
-            request.headers.replace_values("via", values)
+        host, port = flow.remote[0], str(flow.remote[1])
+        params = [(name, value) for name, value in via.params if name.lower() != "received"]
+        params.append(("received", host))
+        params = [(name, port if name.lower() == "rport" else value) for name, value in params]
+        values[0] = str(type(via)(via.protocol, via.transport, via.host, via.port,
+                                  tuple(params)))
+        request.headers.replace_values("via", values)
 
     # -- responses --------------------------------------------------------------------------
 
@@ -601,7 +618,8 @@ class UserAgent:
             leg = await open_sip_leg(self.agent, call.choice, self.rtp, call.dialog.call_id,
                                      self._on_leg_closed, leg_id=call.call_id,
                                      session=session, owner=owner,
-                                     srtp=call.srtp.keys if call.srtp else None)
+                                     srtp=call.srtp.keys if call.srtp else None,
+                                     media_timeout=self.config.media_timeout)
         except AgentError as exc:
             self._settle(call, exc)
             busy = exc.status == 503
@@ -782,7 +800,7 @@ class UserAgent:
         self._detach_leg(call, "no_ack")
         self._hangup(call, call.bye_reason or "no_ack")
 
-    def _on_ack(self, ack: SipRequest) -> None:
+    def _on_ack(self, ack: SipRequest, flow: Flow) -> None:
         tx = self.transactions.find_server(ack)
         if isinstance(tx, InviteServerTransaction) and tx.state in (COMPLETED, TX_CONFIRMED):
             tx.on_request(ack)  # the ACK of a non-2xx: the transaction's business
@@ -797,6 +815,8 @@ class UserAgent:
         call.state = CONFIRMED
         if call.awaiting_answer and call.bye_reason is None:
             self._take_answer(call, ack)
+        if call.leg is not None:
+            call.leg.vouch(flow.remote[0])  # media on the ACK's host: no need to hear it first
         if call.bye_reason is not None:
             self._hangup(call, call.bye_reason)
 

@@ -9,7 +9,6 @@ import aiohttp
 import pytest
 from aiortc.rtp import RtpPacket
 
-from agent.call_settings import CallSettings
 from agent.media_agent import AgentSettings
 from agent.telephony.address_policy import parse_networks
 from agent.telephony.telephone_event import telephone_event_payload
@@ -324,9 +323,8 @@ async def test_agent_hangup_over_http_sends_bye_through_the_route_set(
     probe.close()
 
 
-async def test_strict_router_and_idle_timeout_bye(start_sip: SipServerFactory) -> None:
-    settings = AgentSettings(call=CallSettings(idle_timeout=0.5, connect_timeout=1.0))
-    server = await start_sip(settings=settings, config=SipConfig(listen_port=0, timers=FAST))
+async def test_strict_router_and_media_timeout_bye(start_sip: SipServerFactory) -> None:
+    server = await start_sip(config=SipConfig(listen_port=0, timers=FAST, media_timeout=1.0))
     caller, router, probe = await SipPeer.open(), await SipPeer.open(), await RtpProbe.open()
     dialogue = Dialogue(caller.port, server.sip)
     strict = [("Record-Route", f"<sip:router@127.0.0.1:{router.port}>")]
@@ -334,11 +332,11 @@ async def test_strict_router_and_idle_timeout_bye(start_sip: SipServerFactory) -
     caller.send(invite, server.sip)
     ok = await caller.response(200)
     caller.send(dialogue.ack_for(invite, ok), server.sip)
-    # No RTP ever comes: the leg ends (connect timeout) and the agent says BYE.
+    # No RTP ever comes: the leg ends (--sip-media-timeout) and the agent says BYE.
     bye = await router.request("BYE", timeout=5)
     assert bye.uri == f"sip:router@127.0.0.1:{router.port}"  # a strict router: the R-URI
     assert bye.headers.get("route") == f"<sip:caller@127.0.0.1:{caller.port}>"
-    assert 'text="connect_timeout"' in (bye.headers.get("reason") or "")
+    assert 'text="media_timeout"' in (bye.headers.get("reason") or "")
     router.send(reply_to(bye, 200), server.sip)
     await wait_until(server.idle, timeout=10)
     caller.close()

@@ -12,8 +12,6 @@ import aiohttp
 import numpy as np
 import pytest
 
-from agent.call_settings import CallSettings
-from agent.media_agent import AgentSettings
 from agent.telephony.codec import PCMU
 from agent.testing.testsignal import make_test_signal, measure_echo
 from signaling.sip.config import SipConfig
@@ -122,16 +120,15 @@ async def test_the_agent_hangs_up_over_http_and_sipp_gets_the_bye(
     probe.close()
 
 
-async def test_the_idle_timeout_ends_a_silent_call_with_a_bye(
+async def test_the_media_timeout_ends_a_silent_call_with_a_bye(
     start_sip: SipServerFactory, tmp_path: Path,
 ) -> None:
-    settings = AgentSettings(call=CallSettings(idle_timeout=1.0, connect_timeout=1.5))
-    server = await start_sip(settings=settings)
+    server = await start_sip(config=SipConfig(listen_port=0, media_timeout=1.5))
     probe = await RtpProbe.open()
     xml = with_port(scenarios.agent_hangs_up(), probe.port)  # sipp sends no RTP at all
     run = await run_sipp(server.sip, tmp_path, "-m", "1", scenario=xml, timeout=20)
     assert run.returncode == 0, run.explain()
-    assert 'text="connect_timeout"' in run.messages
+    assert 'text="media_timeout"' in run.messages
     await wait_until(server.quiet)
     probe.close()
 
