@@ -8,13 +8,14 @@ import asyncio
 import contextlib
 import functools
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
 
 from agent.media_agent import MediaAgent
+from signaling.call_limit import pending_calls
 from signaling.cluster.forwarding import Forwarder
 from signaling.cluster.leases import RedisSeats
 from signaling.cluster.metrics import ClusterMetrics
@@ -25,7 +26,9 @@ from signaling.cluster.signing import NodeSigner
 from signaling.cluster.store import Store
 from signaling.ice import rtc_network
 from signaling.keys import AGENT_KEY
+from signaling.sip.service import SIP_SERVICE_KEY
 from signaling.telephony import TELEPHONY_KEY
+from signaling.workers.routing import WORKERS_KEY
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +47,9 @@ class ClusterNode:
 
     @classmethod
     def make(cls, settings: ClusterSettings, tag: str, agent: MediaAgent,
-             workers: int, media: dict[str, Any] | None = None) -> ClusterNode:
+             workers: int, media: dict[str, Any] | None = None,
+             pending: Callable[[], Mapping[str, object]] | None = None,
+             sip: bool | None = None) -> ClusterNode:
         store = Store(settings.redis_url, settings.prefix)
         table = NodeTable()
         metrics = ClusterMetrics(agent.metrics.registry)
@@ -53,7 +58,7 @@ class ClusterNode:
         for state in ("serving", "draining", "starting"):
             metrics.nodes.labels(state).set_function(functools.partial(table.count, state))
         return cls(settings, tag, store, table,
-                   Heartbeat(settings, store, agent, tag, workers, table, media),
+                   Heartbeat(settings, store, agent, tag, workers, table, media, pending, sip),
                    Forwarder(NodeSigner(tag, settings.secret)), ClusterSecrets(store), metrics)
 
     def view(self) -> dict[str, Any]:
@@ -100,8 +105,13 @@ async def _running(app: web.Application) -> AsyncIterator[None]:
 
 def start(app: web.Application, settings: ClusterSettings, tag: str, workers: int) -> None:
     agent = app[AGENT_KEY]
-    node = app[CLUSTER_KEY] = ClusterNode.make(settings, tag, agent, workers,
-                                               media_record(app, settings))
+    # Only worker 0 serves SIP (sip/service.py): it says whether the node does.
+    serves_sip = SIP_SERVICE_KEY in app
+    node = app[CLUSTER_KEY] = ClusterNode.make(
+        settings, tag, agent, workers, media_record(app, settings),
+        functools.partial(pending_calls, app),
+        serves_sip if serves_sip or app.get(WORKERS_KEY) is None
+        or app[WORKERS_KEY].index == 0 else None)
     use_seat_leases = getattr(agent.plugin, "use_seat_leases", None)
     if callable(use_seat_leases):  # a remote plugin: its engines' seats are the cluster's
         node.seats = RedisSeats(node.store)

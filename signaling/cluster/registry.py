@@ -16,6 +16,7 @@ import asyncio
 import json
 import logging
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,6 +39,7 @@ class NodeInfo:
     capacity: int  # 0: no limit
     calls: int  # calls held and slots placed there
     media: dict[str, Any] = field(default_factory=dict)  # its ICE/RTP addresses (media_record)
+    sip: bool = False  # it serves SIP: outbound SIP calls are placed there
 
 
 def _media(value: object) -> dict[str, Any]:
@@ -58,7 +60,8 @@ class NodeTable:
     def update(self, rows: Any) -> None:
         rows = rows if isinstance(rows, list) else []  # an empty Lua table encodes as {}
         self.nodes = {str(r[0]): NodeInfo(str(r[0]), str(r[1]), str(r[2] or ""), int(r[3]),
-                                          int(r[4]), _media(r[5] if len(r) > 5 else None))
+                                          int(r[4]), _media(r[5] if len(r) > 5 else None),
+                                          len(r) > 6 and str(r[6]) == "1")
                       for r in rows}
         self.read_at = time.monotonic()
 
@@ -72,7 +75,7 @@ class NodeTable:
 
     def view(self) -> list[dict[str, Any]]:
         return [{"node": n.tag, "address": n.address, "state": n.state,
-                 "capacity": n.capacity, "calls": n.calls, "media": n.media}
+                 "capacity": n.capacity, "calls": n.calls, "media": n.media, "sip": n.sip}
                 for n in sorted(self.nodes.values(), key=lambda n: n.tag)]
 
 
@@ -90,8 +93,14 @@ class Heartbeat:
     """This worker's part of the node's record and calls in Redis."""
 
     def __init__(self, settings: ClusterSettings, store: Store, agent: MediaAgent, tag: str,
-                 workers: int, table: NodeTable, media: dict[str, Any] | None = None) -> None:
+                 workers: int, table: NodeTable, media: dict[str, Any] | None = None,
+                 pending: Callable[[], Mapping[str, object]] | None = None,
+                 sip: bool | None = None) -> None:
         self.settings, self.store, self.agent = settings, store, agent
+        # calls holding a slot without a leg (ringing outbound SIP calls): id -> owner
+        self.pending = pending or dict
+        # this node serves SIP (None: another worker of the node says so, not this one)
+        self.sip = sip
         self.tag, self.workers, self.table = tag, workers, table
         self.media = json.dumps(media or {}, sort_keys=True)  # this node's, as its record has it
         self.published: dict[str, str] = {}  # call id -> tenant, as Redis has it
@@ -103,8 +112,14 @@ class Heartbeat:
     def state(self) -> str:
         return "draining" if self.agent.draining else "serving"
 
+    def _live(self) -> dict[str, str]:
+        """The calls this worker holds: its legs and its calls without a leg yet."""
+        live = {call: tenant_of_leg(owner) for call, owner in self.pending().items()}
+        live.update((leg.id, tenant_of_leg(leg.owner)) for leg in self.agent.legs)
+        return live
+
     def _changes(self, full: bool) -> tuple[list[list[str]], list[list[str]]]:
-        live = {leg.id: tenant_of_leg(leg.owner) for leg in self.agent.legs}
+        live = self._live()
         if full:
             add = [[call, tenant] for call, tenant in live.items()]
         else:
@@ -117,13 +132,15 @@ class Heartbeat:
         add, remove = self._changes(full)
         state = self.state()
         self.syncs += 1
+        record: dict[str, Any] = {"address": self.settings.node_address, "state": state,
+                                  "capacity": self.agent.capacity, "workers": self.workers,
+                                  "media": self.media}
+        if self.sip is not None:
+            record["sip"] = "1" if self.sip else "0"
         try:
             rows = await self.store.run(
                 "SYNC", node=self.tag, ttl=int(self.settings.ttl_s * 1000), tags=TAGS,
-                record={"address": self.settings.node_address, "state": state,
-                        "capacity": self.agent.capacity, "workers": self.workers,
-                        "media": self.media},
-                add=add, remove=remove)
+                record=record, add=add, remove=remove)
         except StoreDown:
             return False
         for call, tenant in add:
@@ -148,9 +165,9 @@ class Heartbeat:
     def _changed(self) -> bool:
         if self.state() != self._state_sent:
             return True
-        live = self.agent.legs
-        return (len(self.published) != len(live)
-                or any(call not in self.published for call in (leg.id for leg in live)))
+        live = self._live()
+        return len(self.published) != len(live) or any(
+            call not in self.published for call in live)
 
     async def run(self) -> None:
         """Beat every heartbeat_s, and between beats whenever the calls or state change."""

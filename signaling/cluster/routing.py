@@ -7,9 +7,10 @@ Outermost of all (before the workers' routing, CORS and auth), for each request:
 - **a call or leg id naming another node**: forwarded there (forwarding.py); a node that is
   not in the table (dead: its record expired) or does not answer means its calls are gone:
   404 `call_not_found`;
-- **a new call** (`POST /v1/realtime/calls`, `/offer`, `/v1/telephony/rtp`): placed by one
-  atomic script (scripts.PLACE: the key's `--max-calls-per-key`, the least loaded serving
-  node with room, a slot taken there), then made here or forwarded to the chosen node
+- **a new call** (`POST /v1/realtime/calls`, `/offer`, `/v1/telephony/rtp`,
+  `/v1/sip/calls`): placed by one atomic script (scripts.PLACE: the key's
+  `--max-calls-per-key`, the least loaded serving node with room, for an outbound SIP call
+  one that serves SIP, a slot taken there), then made here or forwarded to the chosen node
   before any answer is built (a WebRTC answer carries the owner's ICE candidates); the slot
   then becomes the call (scripts.SETTLE). With Redis down a node admits by its own capacity
   and each key gets its share of the limit here (the limit over the nodes in the table);
@@ -39,6 +40,7 @@ from signaling.auth import (
     match_key,
     tenant_of,
 )
+from signaling.call_limit import pending_calls
 from signaling.calls import CALLS_PATH
 from signaling.cluster.forwarding import NodeUnreachable, with_body
 from signaling.cluster.node import CLUSTER_KEY, ClusterNode
@@ -77,6 +79,11 @@ def _token(request: web.Request) -> str | None:
 def _secret(request: web.Request) -> str | None:
     token = _token(request)
     return token if token is not None and token.startswith(SECRET_PREFIX) else None
+
+
+def is_new_call(request: web.Request) -> bool:
+    """A request that makes a call: a new leg, or an outbound SIP call."""
+    return is_new_leg(request) or (request.method == "POST" and request.path == SIP_CALLS_PATH)
 
 
 def owner_node(request: web.Request) -> str | None:
@@ -184,6 +191,8 @@ def check_share_here(node: ClusterNode, request: web.Request, who: str) -> None:
     serving = sum(1 for n in node.table.nodes.values() if n.state == "serving") or 1
     share = max(1, math.ceil(limit / serving))
     held = sum(1 for leg in request.app[AGENT_KEY].legs if tenant_of_leg(leg.owner) == who)
+    held += sum(1 for owner in pending_calls(request.app).values()
+                if tenant_of_leg(owner) == who)  # ringing outbound SIP calls
     if held >= share:
         raise tenant_refusal(share)
 
@@ -191,7 +200,7 @@ def check_share_here(node: ClusterNode, request: web.Request, who: str) -> None:
 async def handle_here(node: ClusterNode, request: web.Request, handler: Handler,
                       from_worker: bool = False) -> web.StreamResponse:
     """Handle `request` on this node; a new call's secret is redeemed first."""
-    if is_new_leg(request):
+    if is_new_call(request):
         return noted(node, request, await _handle_here(node, request, handler, from_worker))
     response = await _handle_here(node, request, handler, from_worker)
     if request.method in ("DELETE", "POST") and owner_node(request) is not None:
@@ -263,19 +272,24 @@ async def place(node: ClusterNode, request: web.Request, handler: Handler
         return await handle_here(node, request, handler)
     await node.heartbeat.send_state()  # a drain just begun leaves placement first
     member = "r:" + secrets.token_urlsafe(12)
+    need_sip = request.path == SIP_CALLS_PATH
     answer: list[str] = []
     if node.store.usable:
         try:
             answer = list(await node.store.run(
                 "PLACE", tags=TAGS, entry=node.tag, member=member, hold=HOLD_MS, tenant=who,
-                tenant_limit=node.settings.max_calls_per_key,
+                tenant_limit=node.settings.max_calls_per_key, need_sip=need_sip,
                 ttl=int(node.settings.ttl_s * 1000)))
         except StoreDown:
             answer = []
     if not answer:
         node.metrics.placements.labels("fallback_here").inc()
         check_share_here(node, request, who)
+        if need_sip and not serves_sip(node):
+            return await sip_elsewhere(node, request)
         return await handle_here(node, request, handler)
+    if answer[0] == "no_sip":
+        raise no_sip_node()
     if answer[0] == "tenant_limit":
         node.metrics.placements.labels("tenant_limit").inc()
         raise tenant_refusal(node.settings.max_calls_per_key)
@@ -325,7 +339,7 @@ async def route(node: ClusterNode, request: web.Request, handler: Handler
     tag = owner_node(request)
     if tag is not None and tag != node.tag and may_be_forwarded(request):
         return await control(node, request, tag)
-    if is_new_leg(request):
+    if is_new_call(request):
         return await place(node, request, handler)
     if request.method == "POST" and request.path == SECRETS_PATH:
         response = await handler(request)
@@ -338,6 +352,29 @@ async def route(node: ClusterNode, request: web.Request, handler: Handler
     if request.method == "GET" and request.path == "/health":
         return with_cluster_view(node, await handle_here(node, request, handler))
     return await handle_here(node, request, handler)
+
+
+def serves_sip(node: ClusterNode) -> bool:
+    here = node.table.nodes.get(node.tag)
+    return here is not None and here.sip
+
+
+def no_sip_node() -> ApiError:
+    return ApiError("sip_not_running", "no node of the cluster serves SIP (--sip-listen)",
+                    status=503)
+
+
+async def sip_elsewhere(node: ClusterNode, request: web.Request) -> web.Response:
+    """Redis down and no SIP here: an outbound SIP call goes to a serving node with SIP as
+    the node table last showed it (that node admits it by its own capacity)."""
+    body = await _body(request)
+    for other in sorted(node.table.nodes.values(), key=lambda n: n.calls):
+        if other.sip and other.state == "serving" and other.tag != node.tag:
+            try:
+                return await forward_to(node, request, other.tag, body, "placement")
+            except NodeUnreachable:
+                continue
+    raise no_sip_node()
 
 
 def with_cluster_view(node: ClusterNode, response: web.StreamResponse) -> web.StreamResponse:

@@ -6,7 +6,8 @@ between). Each script takes one JSON argument and answers JSON; times are Redis'
 (`TIME`), so the nodes' clocks do not have to agree. Keys, under the cluster's prefix `P`:
 
 - `P node:{tag}`: a node's record (hash: address, state, capacity, workers, media: its
-  ICE/RTP addresses as JSON), with the TTL; it is also the node's claim on its tag;
+  ICE/RTP addresses as JSON, sip: '1' where it serves SIP, so outbound SIP calls are placed
+  there), with the TTL; it is also the node's claim on its tag;
 - `P calls:{tag}`: the calls a node holds and the slots placed on it (sorted set: member,
   expiry in ms), with the TTL: a dead node's members and key vanish by themselves;
 - `P tenant:{tenant}`: one key's calls and placed slots across the cluster (the same);
@@ -42,6 +43,7 @@ if a.record then
   local r = a.record
   redis.call('HSET', nk, 'address', r.address, 'state', r.state, 'capacity', r.capacity,
              'workers', r.workers, 'media', r.media or '{}', 'seen', now)
+  if r.sip then redis.call('HSET', nk, 'sip', r.sip) end
   redis.call('PEXPIRE', nk, a.ttl)
 end
 for _, m in ipairs(a.add) do
@@ -60,16 +62,19 @@ if redis.call('EXISTS', ck) == 1 then keep(ck, a.ttl) end
 local nodes = {}
 for i = 1, #a.tags do
   local tag = string.sub(a.tags, i, i)
-  local r = redis.call('HMGET', p .. 'node:' .. tag, 'address', 'state', 'capacity', 'media')
+  local r = redis.call('HMGET', p .. 'node:' .. tag, 'address', 'state', 'capacity', 'media',
+                      'sip')
   if r[1] then
-    table.insert(nodes, {tag, r[1], r[2], tonumber(r[3]) or 0, load_of(tag), r[4] or '{}'})
+    table.insert(nodes, {tag, r[1], r[2], tonumber(r[3]) or 0, load_of(tag), r[4] or '{}',
+                         r[5] or '0'})
   end
 end
 return cjson.encode(nodes)
 """
 
-# A new call: the tenant's limit and the least loaded serving node with room, and a slot
-# taken there (and in the tenant's set), all in one step.
+# A new call: the tenant's limit and the least loaded serving node with room (for an
+# outbound SIP call, `need_sip`: one that serves SIP), and a slot taken there (and in the
+# tenant's set), all in one step.
 PLACE = COMMON + """
 local tk = p .. 'tenant:' .. a.tenant
 if a.tenant_limit > 0 then
@@ -78,11 +83,12 @@ if a.tenant_limit > 0 then
     return cjson.encode({'tenant_limit'})
   end
 end
-local best, best_score = nil, nil
+local best, best_score, sip_seen = nil, nil, false
 for i = 1, #a.tags do
   local tag = string.sub(a.tags, i, i)
-  local r = redis.call('HMGET', p .. 'node:' .. tag, 'state', 'capacity')
-  if r[1] == 'serving' then
+  local r = redis.call('HMGET', p .. 'node:' .. tag, 'state', 'capacity', 'sip')
+  if a.need_sip and r[1] == 'serving' and r[3] == '1' then sip_seen = true end
+  if r[1] == 'serving' and (not a.need_sip or r[3] == '1') then
     local load = load_of(tag)
     local capacity = tonumber(r[2]) or 0
     if capacity == 0 or load < capacity then
@@ -94,6 +100,7 @@ for i = 1, #a.tags do
     end
   end
 end
+if best == nil and a.need_sip and not sip_seen then return cjson.encode({'no_sip'}) end
 if best == nil then return cjson.encode({'full'}) end
 local ck = p .. 'calls:' .. best
 redis.call('ZADD', ck, now + a.hold, a.member)
