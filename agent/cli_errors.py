@@ -2,12 +2,18 @@
 (one such line per problem when there are several).
 
 Shared by every entry point (`python -m signaling`, `agent.offline`, `agent.peer`) so a
-start-up mistake reads the same everywhere and a script can match the code.
+start-up mistake reads the same everywhere and a script can match the code. `CliParser` is
+argparse with its mistakes in the same form: one `error [bad_argument]: ...` line naming the
+closest known flag and where the full usage is, instead of the usage block and a line after
+it.
 """
 
 from __future__ import annotations
 
+import argparse
+import difflib
 import logging
+import os
 import sys
 from typing import NoReturn
 
@@ -36,3 +42,44 @@ def exit_with_error(code: str, message: str, *, cause: BaseException | None = No
     for line in message.splitlines() or [""]:  # several problems: one coded line each
         print(format_cli_error(code, line), file=sys.stderr)
     raise SystemExit(EXIT_USAGE)
+
+
+def program_name(module_form: str, script: str | None = None) -> str:
+    """What the user typed to run the program: the console script's name when it was run as
+    that (`duplex-agent`), else the module form (`python -m signaling`)."""
+    if script is not None and sys.argv and os.path.basename(sys.argv[0]) == script:
+        return script
+    return module_form
+
+
+def closest_flag(parser: argparse.ArgumentParser, message: str) -> str | None:
+    """The known flag nearest to an unknown one named in argparse's `message`."""
+    known = [flag for flag in parser._option_string_actions if flag.startswith("--")]
+    words = message.split(":", 1)[-1].split()
+    for word in words:
+        if not word.startswith("-") or word in known:
+            continue
+        near = difflib.get_close_matches(word.split("=", 1)[0], known, n=1, cutoff=0.6)
+        if near:
+            return near[0]
+    return None
+
+
+class CliParser(argparse.ArgumentParser):
+    """argparse whose mistakes are one `error [bad_argument]: ...` line and exit 2: what is
+    wrong, the nearest known flag to a misspelt one, the environment variable a bad value
+    came from (`set_by`), and where the full usage is."""
+
+    set_by: dict[str, str]  # flag -> the environment variable that gave its value
+
+    def error(self, message: str) -> NoReturn:
+        hint = ""
+        if message.startswith("unrecognized arguments"):
+            near = closest_flag(self, message)
+            if near is not None:
+                hint = f" (did you mean {near}?)"
+        flag = message.split(":", 1)[0].removeprefix("argument ").split("/")[-1]
+        variable = getattr(self, "set_by", {}).get(flag)
+        if variable is not None:
+            hint = f" (from the environment: {variable})"
+        exit_with_error("bad_argument", f"{message}{hint}; see `{self.prog} --help`")

@@ -22,7 +22,7 @@ from typing import Any
 import av
 import numpy as np
 
-from agent.cli_errors import CliError, exit_with_error
+from agent.cli_errors import CliError, CliParser, exit_with_error
 from agent.plugins.base import PluginError, PluginOptions, SessionConfig
 from agent.plugins.registry import load_plugin
 
@@ -110,7 +110,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m agent.offline",
+    parser = CliParser(prog="python -m agent.offline",
                                      description=__doc__.split("\n")[0])
     parser.add_argument("--plugin", choices=("personaplex", "moshi"), default="personaplex")
     parser.add_argument("--model-dir", required=True)

@@ -19,7 +19,7 @@ from aiohttp.web_runner import GracefulExit
 
 from agent import worker_tag
 from agent.call_settings import CallSettings
-from agent.cli_errors import exit_with_error
+from agent.cli_errors import exit_with_error, program_name
 from agent.errors import AgentError
 from agent.logs import json_log
 from agent.logs.redact import RedactingFilter
@@ -52,7 +52,12 @@ from signaling import (
     telephony,
 )
 from signaling.app import create_app
-from signaling.plugin_flags import PluginFlagsParser, plugin_extra, selected_plugin
+from signaling.plugin_flags import (
+    PluginFlagsParser,
+    plugin_extra,
+    refuse_other_model_flags,
+    selected_plugin,
+)
 from signaling.serving import Listeners, serve
 from signaling.sip import config as sip_config
 from signaling.sip import service as sip_service
@@ -103,7 +108,7 @@ class DefaultsShown(argparse.HelpFormatter):
 
 def build_parser() -> PluginFlagsParser:
     parser = PluginFlagsParser(
-        prog="python -m signaling",
+        prog=program_name("python -m signaling", script="duplex-agent"),
         description="WebRTC realtime media agent for full-duplex speech models. Each plugin "
         "adds its own options: see `--plugin ID --help`.",
         formatter_class=DefaultsShown,
@@ -364,10 +369,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         # The plugin may come from AGENT_PLUGIN; its own flags can then be set the same way.
         plugin = selected_plugin(env_flags.with_environment(parser, given, os.environ))
         parser.add_plugin_flags(plugin)
-        full = env_flags.with_environment(parser, given, os.environ)
+        from_env = env_flags.environment_argv(parser, given, os.environ)
     except env_flags.EnvFlagError as exc:
         exit_with_error("env_flag_invalid", str(exc))
-    return parser.parse_args(full)
+    flags = {word.split("=", 1)[0] for word in from_env if word.startswith("--")}
+    parser.set_by = {flag: env_flags.variable_name(flag) for flag in flags}
+    return parser.parse_args(from_env + given)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -387,18 +394,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     bad_requests.install()  # a client's malformed HTTP: one INFO line a second, no traceback
     # aioice logs every candidate pair check at INFO: one line per call is enough here.
     logging.getLogger("aioice").setLevel(max(logging.WARNING, logging.getLogger().level))
+    try:  # an unknown plugin is one line, like every other start-up mistake
+        refuse_other_model_flags(build_parser(), args, plugin_class(args.plugin))
+    except AgentError as exc:
+        exit_with_error(exc.code, exc.message, cause=exc)
     if args.worker_index is None:  # workers inherit it from the supervisor
         apply_niceness(args.nice)
     workers = worker_count(args)
     group = None
     if args.worker_index is not None:
         worker_tag.set_worker(args.worker_index)
-        try:
-            group = WorkerGroup(args.worker_index, workers, Path(args.worker_dir),
-                                os.environ.pop(channel.SECRET_ENV).encode())
-        except KeyError:
+        secret = os.environ.pop(channel.SECRET_ENV, None)
+        if secret is None or args.worker_dir is None or args.worker_fds is None:
             exit_with_error("not_a_worker", "--worker-index is set by the supervisor "
                             "(--workers N), not by hand")
+        group = WorkerGroup(args.worker_index, workers, Path(args.worker_dir), secret.encode())
     # Checked here, before any worker starts, so a mistake is one line from this process.
     try:
         ssl_context = tls_context_from_args(args)
@@ -438,20 +448,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         cluster.install(app, cluster_settings, workers)
     app.on_startup.append(_drain_on_sigterm)
     app.on_startup.append(gc_tuning.freeze_after_startup)  # after the plugin loaded
-    if auth_settings.open:
-        if args.host in ("127.0.0.1", "localhost", "::1"):
-            log.warning("no --api-key: the server is open to anyone who can reach %s "
-                        "(loopback only)", args.host)
-        else:
-            log.warning("no --api-key: listening on %s WITHOUT authentication", args.host)
-    else:
-        log.info("API key required (%d key(s)); ephemeral secrets last %g s by default",
-                 len(auth_settings.api_keys), auth_settings.secret_ttl_seconds)
     scheme = "https" if ssl_context else "http"
 
     of_workers = "" if group is None else f" (worker {group.index} of {group.count})"
 
     def listening() -> None:
+        # Once serving: a start-up mistake (a model that cannot load) is the only line then.
+        log_auth(args.host, auth_settings)
         log.info("serving plugin %s on %s://%s:%d%s", plugin.id, scheme, args.host, args.port,
                  of_workers)
 
@@ -473,6 +476,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         exit_for_listen_error(exc, args.host, args.port)
     log.info("stopped")
     return 0
+
+
+def log_auth(host: str, settings: auth.AuthSettings) -> None:
+    """Whether requests need a key: a warning for an open server."""
+    if not settings.open:
+        log.info("API key required (%d key(s)); ephemeral secrets last %g s by default",
+                 len(settings.api_keys), settings.secret_ttl_seconds)
+    elif host in ("127.0.0.1", "localhost", "::1"):
+        log.warning("no --api-key: the server is open to anyone who can reach %s "
+                    "(loopback only)", host)
+    else:
+        log.warning("no --api-key: listening on %s WITHOUT authentication", host)
 
 
 async def _drain_on_sigterm(app: web.Application) -> None:

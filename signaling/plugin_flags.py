@@ -13,8 +13,9 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from agent.cli_errors import CliParser, exit_with_error
 from agent.errors import AgentError
-from agent.plugins.base import Plugin, PluginFlag
+from agent.plugins.base import MODEL_FLAGS, Plugin, PluginFlag
 from agent.plugins.registry import plugin_class
 
 DEFAULT_PLUGIN = "echo"
@@ -42,7 +43,23 @@ def plugin_extra(args: argparse.Namespace) -> dict[str, Any]:
     return {flag.dest: getattr(args, flag.dest, flag.default) for flag in flags_of(args.plugin)}
 
 
-class PluginFlagsParser(argparse.ArgumentParser):
+def refuse_other_model_flags(parser: argparse.ArgumentParser, args: argparse.Namespace,
+                             cls: type[Plugin]) -> None:
+    """A shared model flag (`--model-dir`, `--upstream`, ...) given to a plugin that does not
+    read it is refused in one line, as another plugin's own flag is: it would do nothing."""
+    if cls.model_flags is None:
+        return
+    for flag in MODEL_FLAGS:
+        dest = flag.lstrip("-").replace("-", "_")
+        if flag in cls.model_flags or getattr(args, dest) == parser.get_default(dest):
+            continue
+        takes = (f"its model flags: {', '.join(sorted(cls.model_flags))}" if cls.model_flags
+                 else "it takes none of the model flags")
+        exit_with_error("flag_not_for_plugin", f"{flag} is not an option of the {args.plugin} "
+                        f"plugin ({takes}); see `{parser.prog} --plugin {args.plugin} --help`")
+
+
+class PluginFlagsParser(CliParser):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._declared: set[str] = set()

@@ -189,6 +189,11 @@ class PluginFlag:
         return self.name.lstrip("-").replace("-", "_")
 
 
+# The command-line flags behind PluginOptions' shared fields (the server's "model plugins"
+# group), which a plugin names in `Plugin.model_flags`.
+MODEL_FLAGS = ("--model-dir", "--device", "--dtype", "--voice", "--upstream", "--model")
+
+
 @dataclass(frozen=True)
 class PluginOptions:
     """Server-wide settings a plugin may use (from the CLI); each plugin reads what it needs."""
@@ -211,6 +216,9 @@ class Plugin(abc.ABC):
     private_keys: ClassVar[frozenset[str]] = frozenset()
     # This plugin's own command-line flags (shown by `--plugin ID --help`).
     flags: ClassVar[tuple[PluginFlag, ...]] = ()
+    # Which of the server's shared model flags (MODEL_FLAGS) it reads from PluginOptions; the
+    # others given to it are refused at start-up. None: it may read any of them.
+    model_flags: ClassVar[frozenset[str] | None] = None
     # Whether each of several worker processes (`--workers`) may load its own instance.
     # A model held in this process (a GPU's batched step) says no: all its calls stay in
     # one process so one step serves them all.

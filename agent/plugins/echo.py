@@ -57,6 +57,7 @@ class EchoSession(PluginSession):
 class EchoPlugin(Plugin):
     id = "echo"
     runs_per_worker = True
+    model_flags = frozenset[str]()  # no model, no voices: --model-dir and the like are refused
     flags = (
         PluginFlag("--echo-max-sessions", "calls one process's echo plugin holds at most, as "
                    "a model's batch limit would (each worker's own; --max-sessions stays the "

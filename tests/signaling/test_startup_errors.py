@@ -51,6 +51,8 @@ async def test_bad_start_up_flags_print_one_line(flags: list[str], code: str,
                                                  says: str) -> None:
     rc, err = await run_server("--port", str(free_tcp_port()), *flags)
     assert rc == 2
+    # The whole of stderr: no warning (such as the one about --api-key) before the error.
+    assert err.splitlines() == error_lines(err), err
     assert len(error_lines(err)) == 1 and error_lines(err)[0].startswith(f"error [{code}]: ")
     assert says in error_lines(err)[0]
     assert "Traceback" not in err

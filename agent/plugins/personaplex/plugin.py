@@ -163,6 +163,8 @@ class PersonaPlexPlugin(Plugin):
     private_keys: ClassVar[frozenset[str]] = policy.PRIVATE_EXTRA_BODY_KEYS
     dep_q: ClassVar[int] = 16
     uses_prompt: ClassVar[bool] = True
+    model_flags: ClassVar[frozenset[str] | None] = frozenset({"--model-dir", "--device",
+                                                               "--dtype", "--voice"})
     flags: ClassVar[tuple[PluginFlag, ...]] = (
         PluginFlag("--sampling", "token choice when a call does not set extra_body.sampling: "
                    "greedy (argmax), or reference = NVIDIA's server defaults (sampling, "

@@ -67,6 +67,8 @@ class RemotePlugin(Plugin):
     link_class: ClassVar[type[UpstreamLink]]
     default_capacity: ClassVar[int] = 0  # per upstream; 0 = unlimited
     runs_per_worker: ClassVar[bool] = True  # the model is elsewhere; each worker has a pool
+    model_flags: ClassVar[frozenset[str] | None] = frozenset({"--upstream", "--model",
+                                                               "--voice"})
     flags: ClassVar[tuple[PluginFlag, ...]] = (
         PluginFlag("--upstream-capacity", "concurrent calls per --upstream (default: vllm-omni "
                    "unlimited, moshi-server 1)", type=int, metavar="CALLS"),
