@@ -72,3 +72,13 @@ def test_a_bad_script_fails_the_test_in_one_line(tmp_path: Path) -> None:
     with pytest.raises(pytest.fail.Exception) as failed:
         AgentCaller()("http://127.0.0.1:9", script=[{"wait": 1}])
     assert str(failed.value).startswith("error [unknown_step]: script: step 1")
+
+
+def test_a_missing_script_fails_without_an_exception_chain(tmp_path: Path) -> None:
+    # pytest prints a failure's context ("During handling of the above exception...") above
+    # its one line: the failure is raised outside the handler, with no context to print.
+    missing = tmp_path / "greeting.yaml"
+    with pytest.raises(pytest.fail.Exception) as failed:
+        AgentCaller()("http://127.0.0.1:9", script=str(missing))
+    assert str(failed.value) == f"error [script_not_found]: --script {missing}: no such file"
+    assert failed.value.__context__ is None and failed.value.__cause__ is None

@@ -23,7 +23,8 @@ from typing import Any
 
 import numpy as np
 
-from agent.cli_errors import CliError, exit_with_error
+from agent.cli_errors import CliError, CliParser, exit_with_error
+from agent.testing.peer import extra
 from agent.testing.peer.own_load import OwnLoad
 from agent.testing.peer.recording import PEER_RATE
 from agent.testing.peer.report import CallReport, CheckResult, RunReport
@@ -35,8 +36,8 @@ TAIL_SECONDS = 1.0  # after a --play file ends, long enough to hear its end come
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m agent.peer", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = CliParser(prog="python -m agent.peer", description=__doc__,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("url", help="the agent: base URL (http://host:port) or an offer "
                         "endpoint; ws(s):// for media-stream, a host:port for rtp, a SIP URI "
                         "for sip")
@@ -74,7 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--record-dir", metavar="DIR",
                         help="write a stereo WAV per call (caller left, agent right, from t0)")
     parser.add_argument("--timeline", metavar="DIR",
-                        help="write a PNG timeline per call (needs matplotlib: the `peer` extra)")
+                        help="write a PNG timeline per call (needs the `peer` extra)")
     parser.add_argument("--repeat", type=int, default=1, metavar="N",
                         help="place N calls (p50/p95 of every figure in the report)")
     parser.add_argument("--concurrency", type=int, default=1, metavar="M",
@@ -256,8 +257,9 @@ def write_refusal(args: argparse.Namespace, error: CliError) -> None:
 
 
 def prepare(args: argparse.Namespace) -> Any:
-    """Every argument checked (and the script read) before dialling: a typo costs no call."""
-    from agent.testing.peer import script as scripts
+    """Every argument checked (and the script read) before dialling: a typo costs no call.
+    A plain call needs nothing beyond the package; a feature of the `peer` extra is refused
+    in one line when the extra is missing (extra.py)."""
     from agent.testing.peer.run import CallPlan
 
     if args.repeat < 1:
@@ -270,8 +272,13 @@ def prepare(args: argparse.Namespace) -> Any:
     if args.record and args.repeat > 1:
         raise CliError("invalid_arguments", "--record writes one call's audio; with --repeat "
                        "use --record-dir")
+    extra.require_for(args)
     signal = read_play_file(args.play) if args.play else None
-    script = scripts.load(args.script) if args.script else None
+    script = None
+    if args.script:
+        from agent.testing.peer import script as scripts  # YAML and JSON Schema: the extra
+
+        script = scripts.load(args.script)
     for flag in ("record", "junit"):
         if getattr(args, flag):
             check_output_path(f"--{flag}", getattr(args, flag))
@@ -280,12 +287,6 @@ def prepare(args: argparse.Namespace) -> Any:
     for flag, folder in (("--record-dir", args.record_dir), ("--timeline", args.timeline)):
         if folder:
             check_output_dir(flag, folder)
-    if args.timeline:
-        try:
-            import matplotlib  # noqa: F401
-        except ImportError:
-            raise CliError("timeline_unavailable", "--timeline needs matplotlib (pip install "
-                           "'duplex-agent[peer]')") from None
     session = parse_session(args.session) if args.session else None
     if script is not None and script.session and session is None:
         session = script.session

@@ -153,6 +153,7 @@ def _plan(target: AgentServer | str, *, transport: str = "webrtc",
     from agent.testing.peer.transports.base import PeerOptions
 
     url = target.url if isinstance(target, AgentServer) else str(target)
+    refused: CliError | None = None
     try:
         loaded = None
         if isinstance(script, (dict, list)):
@@ -161,7 +162,9 @@ def _plan(target: AgentServer | str, *, transport: str = "webrtc",
             loaded = scripts.load(os.fspath(script))
         signal_samples = scripts.read_audio(os.fspath(play), "play") if play else None
     except CliError as exc:
-        pytest.fail(f"error [{exc.code}]: {exc.message}", pytrace=False)
+        refused = exc
+    if refused is not None:  # failed outside the except block: one line, no exception chain
+        pytest.fail(f"error [{refused.code}]: {refused.message}", pytrace=False)
     if seconds is None:
         seconds = 5.0 if signal_samples is None else len(signal_samples) / 48000 + 1.0
     options = PeerOptions(token=token, session=session or (loaded.session if loaded else None),

@@ -11,7 +11,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-import pesq as pesq_lib
 
 from agent.testing.testsignal import decimate, measure_echo
 
@@ -48,6 +47,8 @@ def score(caller: np.ndarray, agent: np.ndarray, rate: int, mode: str) -> Qualit
         back = np.concatenate([back, np.zeros(len(sent) - len(back), dtype=np.float32)])
     ref = decimate(sent, rate, target).astype(np.float32)
     deg = decimate(back, rate, target).astype(np.float32)
+    import pesq as pesq_lib  # the peer extra: imported only when a call is scored
+
     try:
         value = float(pesq_lib.pesq(target, ref, deg, mode))
     except pesq_lib.PesqError as exc:

@@ -25,6 +25,7 @@ import numpy as np
 
 from agent.audio.pcm import float_to_s16
 from agent.testing.peer import checks as judging
+from agent.testing.peer import extra
 from agent.testing.peer.aligned import CallAudio, on_timeline, shared_low_rate, timeline_length
 from agent.testing.peer.call import place_call
 from agent.testing.peer.measure import measure_into
@@ -109,7 +110,10 @@ def turn_latencies(caller: list[Segment], agent: list[Segment]) -> list[float]:
 def channel_speech(recording: Recording, length: int) -> list[Segment]:
     """Speech segments of one channel on its timeline (`length` samples long), from the
     8 kHz audio the echo measurement already decimated when it kept it with the recording
-    (then without laying the channel out: its joined samples from where they start)."""
+    (then without laying the channel out: its joined samples from where they start). None
+    without the peer extra's speech detector (a plain call needs no extra)."""
+    if not extra.installed(extra.SPEECH):
+        return []
     rate = recording.rate
     low = shared_low_rate(recording)
     if low is None or low.factor * VAD_RATE != rate:
@@ -158,6 +162,9 @@ def analyse(plan: CallPlan, report: CallReport, call: PeerCall | None,
                                if kinds.get(c.name) == "barge_in"
                                and isinstance(c.value, (int, float))]
     scored = plan.pesq != "off" and bool(caller) and bool(agent)
+    if plan.pesq != "off" and not all(map(extra.installed, extra.NEEDS["--pesq"])):
+        report.pesq_error = extra.missing("PESQ")
+        scored = False
     if not (scored or plan.record_dir or plan.timeline_dir):
         return
     audio = CallAudio.of(call.sent, call.received)  # both channels laid out sample for sample
@@ -194,7 +201,10 @@ async def one_call(plan: CallPlan, index: int = 0) -> CallReport:
 
 
 def _progress(total: int, desc: str = "calls") -> Any:
-    """A tqdm bar on stderr, silent when stderr is not a terminal (CI logs)."""
+    """A tqdm bar on stderr, silent when stderr is not a terminal (CI logs); none without
+    the peer extra."""
+    if not extra.installed(extra.PROGRESS):
+        return None
     from tqdm import tqdm
 
     return tqdm(total=total, unit="call", file=sys.stderr, disable=not sys.stderr.isatty(),

@@ -1,7 +1,8 @@
 """A scripted test conversation: read from YAML or JSON, checked against its JSON Schema
 (`script_schema.json`, with the `jsonschema` package), and prepared before any call is
 placed: every WAV read and every `say` text spoken by espeak-ng up front, so a typo or a
-missing file costs no call.
+missing file costs no call. PyYAML, jsonschema and the speech detector come with the
+peer extra (extra.py), imported only when a script is read.
 
 Errors are `CliError`s with a code and one line naming the file and the step.
 """
@@ -18,11 +19,10 @@ from functools import lru_cache
 from importlib import resources
 from typing import Any
 
-import jsonschema
 import numpy as np
-import yaml
 
 from agent.cli_errors import CliError
+from agent.testing.peer import extra
 from agent.testing.peer.recording import PEER_RATE
 from agent.testing.peer.wav import load_wav, read_audio_file
 
@@ -66,6 +66,8 @@ def parse_text(text: str, where: str) -> Any:
         return json.loads(text)
     except ValueError:
         pass
+    import yaml
+
     try:
         return yaml.safe_load(text)
     except yaml.YAMLError as exc:
@@ -98,6 +100,8 @@ def validate(data: Any, where: str) -> None:
             if isinstance(raw, str) and name not in BARE_STEPS:
                 raise CliError("invalid_script", f"{where}: step {number}: {name} needs an "
                                "argument")
+    import jsonschema
+
     validator = jsonschema.Draft202012Validator(schema())
     error = jsonschema.exceptions.best_match(validator.iter_errors(data))
     if error is None:
@@ -151,6 +155,7 @@ def _audio_of(args: dict[str, Any], folder: str, where: str) -> np.ndarray:
 
 def build(data: Any, where: str, folder: str) -> Script:
     """Validated script data → steps with their audio ready."""
+    extra.require("--script")
     validate(data, where)
     settings: dict[str, Any] = data if isinstance(data, dict) else {}
     raw_steps = settings.get("steps", data)
@@ -180,6 +185,7 @@ def build(data: Any, where: str, folder: str) -> Script:
 
 def load(path: str) -> Script:
     """Read, validate and prepare the script at `path`."""
+    extra.require("--script")
     try:
         with open(path, encoding="utf-8") as handle:
             text = handle.read()

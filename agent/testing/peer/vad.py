@@ -51,9 +51,9 @@ arrives); the checks are measured afterwards on `speech_segments` of the whole r
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
-import webrtcvad
 
 from agent.testing.peer.downsample import downsample
 
@@ -68,6 +68,13 @@ SILENT_PEAK = 1e-4  # frames of digital silence (or near it) are never speech
 REFINE_SECONDS = 0.025  # how far from the voted edge the refined one may lie (2.5 frames)
 ENVELOPE_SECONDS = 0.001  # the short-term energy's window
 EDGE_DB = 30.0  # an edge is where the energy is this far below the segment's mean energy
+
+
+def detector() -> Any:
+    """A fresh detector; webrtcvad comes with the peer extra, imported only when used."""
+    import webrtcvad
+
+    return webrtcvad.Vad(MODE)
 
 
 @dataclass(frozen=True)
@@ -108,7 +115,7 @@ def _pass_mask(pcm: np.ndarray, shift: int) -> np.ndarray:
     audible = np.abs(frames.astype(np.int32)).max(axis=1) >= SILENT_PEAK * 32768
     raw = memoryview(frames.tobytes())
     size = FRAME * 2
-    is_speech = webrtcvad.Vad(MODE).is_speech
+    is_speech = detector().is_speech
     voiced = np.zeros(count, dtype=bool)
     heard = np.flatnonzero(audible)
     voiced[heard] = [is_speech(raw[start : start + size], VAD_RATE)
@@ -254,7 +261,7 @@ class SpeechTracker:
 
     def __init__(self, rate: int) -> None:
         self.rate = rate
-        self.vad = webrtcvad.Vad(MODE)
+        self.vad = detector()
         self.pending = np.zeros(0, dtype=np.int16)
         self.frames = 0  # frames decided so far
         self.run = 0  # consecutive frames of the current state's opposite
