@@ -35,3 +35,17 @@ def test_max_call_seconds_counts_from_connecting_and_zero_means_none() -> None:
     unlimited.media_started(now=0.0)
     unlimited.heard(now=10_000.0)
     assert unlimited.verdict(10_001.0) is None
+
+
+def test_a_media_timeout_replaces_the_connect_and_idle_timeouts() -> None:
+    watchdog = Watchdog(SETTINGS, now=0.0)
+    watchdog.media_timeout = 10.0
+    assert watchdog.verdict(9.9) is None
+    assert watchdog.verdict(10.1) == "media_timeout"  # never heard (not the 20 s connect)
+    watchdog.media_started(now=5.0)
+    watchdog.heard(now=5.0)
+    assert watchdog.verdict(14.9) is None
+    assert watchdog.verdict(15.1) == "media_timeout"  # silent 10 s (not the 15 s idle)
+    watchdog.heard(now=60.0)
+    assert watchdog.verdict(64.9) is None
+    assert watchdog.verdict(65.1) == "max_call_seconds"  # heard lately: the call's limit
