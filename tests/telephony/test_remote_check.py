@@ -1,4 +1,4 @@
-"""A remote named by SDP: a burst, then nothing until it is heard (agent/telephony/remote_check.py)."""
+"""A remote named by SDP: a burst, then nothing until it is heard (remote_check.py)."""
 
 from __future__ import annotations
 
