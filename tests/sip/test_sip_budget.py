@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import secrets
+import ssl
 import time
 from pathlib import Path
 
@@ -22,6 +23,7 @@ from agent.testing.testsignal import make_test_signal, measure_echo
 from signaling.sip.budget import BudgetSettings, MessageBudget, TransactionCap
 from signaling.sip.config import SipConfig, add_arguments, config_from_args
 from signaling.sip.message import SipResponse
+from signaling.sip.tls import SipTlsSettings
 from tests.sip import scenarios
 from tests.sip.helpers import (
     HOST,
@@ -33,6 +35,7 @@ from tests.sip.helpers import (
     write_mulaw_wav,
 )
 from tests.support.agents import wait_until
+from tests.support.tls import self_signed
 
 FLOODER = "127.0.0.2"
 
@@ -274,4 +277,35 @@ async def test_a_tcp_connection_without_a_whole_message_in_time_is_closed(
     assert isinstance(transport, dict) and transport["tcp_header_timeouts"] == 2
     assert await answered(*good, server.sip, FLOODER)  # well past its own deadline: served
     for writer in (good[1], silent, half):
+        writer.close()
+
+
+async def test_tls_connections_meet_the_same_cap_and_deadline(
+    start_sip: SipServerFactory, tmp_path: Path,
+) -> None:
+    """Over TLS (the handshake done): one connection per address allowed here, a second from
+    that address closed; the first, silent after its handshake, closed at the deadline; then
+    the address may connect again and is served."""
+    cert, key = self_signed(tmp_path)
+    server = await start_sip(config=SipConfig(
+        listen_port=0, tls=SipTlsSettings(str(cert), str(key), HOST, 0),
+        budget=BudgetSettings(tcp_per_address=1, header_timeout=0.5)))
+    context = ssl.create_default_context(cafile=str(cert))
+    tls_port = server.ua.port_for("TLS")
+
+    async def connect() -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        return await asyncio.open_connection(HOST, tls_port, ssl=context, server_hostname=HOST,
+                                             local_addr=(FLOODER, 0))
+
+    first = await connect()  # and silent after its handshake
+    second = await connect()
+    assert await closed_by_server(second[0])  # the address's one connection is taken
+    assert await closed_by_server(first[0])  # no message within the deadline
+    transport = server.ua.stats()["transport"]
+    assert isinstance(transport, dict)
+    assert (transport["tcp_refused_per_address"], transport["tcp_header_timeouts"]) == (1, 1)
+    await wait_until(lambda: not server.ua.transports.connections)
+    third = await connect()
+    assert await answered(*third, (HOST, tls_port), FLOODER)
+    for _, writer in (first, second, third):
         writer.close()
