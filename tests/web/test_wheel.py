@@ -2,9 +2,11 @@
 `duplex-agent` from another directory, answers `/` and every module the page loads.
 
 The wheel is built from a copy of the project (so the working tree gets no build/ folder and
-no stale build/lib can leak into the wheel). The venv sees the system site-packages (torch,
-aiortc, ... are not installed again), so the test checks that `signaling` there is the
-wheel's copy, not the editable install of the working tree.
+no stale build/lib can leak into the wheel). The venv sees the site-packages of the
+environment running the tests, the project's own venv or the system's (torch, aiortc, ... are
+not installed again), through a `.pth` file that lists them; their own `.pth` files are not
+run, so the working tree's editable install stays out, and the test checks that `signaling`
+there is the wheel's copy.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import asyncio
 import os
 import shutil
 import signal
+import site
 import subprocess
 import sys
 import time
@@ -88,14 +91,32 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Installed]:
     wheels = sorted(dist.glob("duplex_agent-*.whl"))
     assert len(wheels) == 1, f"expected one duplex_agent wheel in {dist}: {wheels}"
     venv = tmp / "venv"
-    # No pip of its own (ensurepip is slow): the system pip, run by the venv's python,
-    # installs into the venv.
-    run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(venv)],
-        cwd=tmp)
+    # No pip of its own (ensurepip is slow): the current environment's pip, run by the venv's
+    # python, installs into the venv.
+    run([sys.executable, "-m", "venv", "--without-pip", str(venv)], cwd=tmp)
     result = Installed(wheels[0], venv)
+    see_current_environment(result.python)
     run([str(result.python), "-m", "pip", "install", "--no-deps", "--force-reinstall",
          "--ignore-installed", "--no-compile", str(wheels[0])], cwd=tmp)
     yield result
+
+
+def current_site_packages() -> list[str]:
+    """Every site-packages folder this interpreter imports from (inside a venv: the venv's,
+    not the base interpreter's that `venv --system-site-packages` would give)."""
+    folders = [*site.getsitepackages()]
+    if site.ENABLE_USER_SITE:
+        folders.append(site.getusersitepackages())
+    return list(dict.fromkeys(f for f in folders if os.path.isdir(f)))
+
+
+def see_current_environment(python: Path) -> None:
+    """A `.pth` in the new venv listing the current environment's site-packages: appended to
+    its path after its own, their `.pth` files (an editable install's) not run."""
+    purelib = run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                  cwd=python.parent).strip().splitlines()[-1]
+    Path(purelib, "current-environment.pth").write_text(
+        "".join(f"{folder}\n" for folder in current_site_packages()))
 
 
 def test_wheel_holds_the_page_and_every_package(installed: Installed) -> None:
