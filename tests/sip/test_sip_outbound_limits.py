@@ -2,8 +2,8 @@
 too, from the INVITE on, together with its RTP legs), `/health` and `/metrics` show them
 while they ring, and a leaked key cannot become toll fraud: `--sip-outbound-rate` per key, a
 trunk's `allow` list and `keys`, and every user-supplied field of `POST /v1/sip/calls` and
-`/refer` checked for header injection. The far end is a UDP socket that never answers (the
-calls ring until they are hung up), or a raw SIP peer for the transfer."""
+`/refer` checked for header injection. The far end is a UDP socket that rings (180) and
+takes a CANCEL, and a raw SIP peer calling in for the transfer."""
 
 from __future__ import annotations
 
@@ -81,14 +81,6 @@ async def ringing() -> AsyncIterator[tuple[RingingPeer, int]]:
 
 
 @pytest.fixture
-async def silent() -> AsyncIterator[tuple[SilentPeer, int]]:
-    transport, peer = await asyncio.get_running_loop().create_datagram_endpoint(
-        SilentPeer, local_addr=(HOST, 0))
-    yield peer, transport.get_extra_info("sockname")[1]
-    transport.close()
-
-
-@pytest.fixture
 async def start() -> AsyncIterator[Any]:
     running: list[TestServer] = []
 
@@ -129,17 +121,22 @@ async def rtp_leg(server: SipServer, key: str) -> tuple[int, dict[str, Any], dic
 
 async def test_max_calls_per_key_counts_ringing_outbound_calls_without_a_cluster(
         start: Any, ringing: tuple[RingingPeer, int]) -> None:
-    _, port = ringing
+    peer, port = ringing
     server = await start(SipConfig(listen_port=0), per_key=2)
     a, b = KEYS
     status, leg, _ = await rtp_leg(server, a)
     assert status == 201, leg
-    status, placed, _ = await call(server, "POST", "/v1/sip/calls", a, {"to": to(port)})
-    assert status == 201, placed
+    # one slot left, six at once: exactly one is placed
+    burst = await asyncio.gather(*(call(server, "POST", "/v1/sip/calls", a, {"to": to(port)})
+                                   for _ in range(6)))
+    assert sorted(s for s, _, _ in burst) == [201] + [429] * 5, burst
+    placed = next(body for s, body, _ in burst if s == 201)
     # at its limit: refused for every kind of call, SIP ones included
     refused = [await call(server, "POST", "/v1/sip/calls", a, {"to": to(port)})
                for _ in range(4)] + [await rtp_leg(server, a)]
-    assert [s for s, _, _ in refused] == [429] * 5, refused
+    assert [s for s, _, _ in refused + burst].count(429) == 10, refused
+    await wait_until(lambda: any(d.startswith(b"INVITE ") for d in peer.received))
+    assert sum(d.startswith(b"INVITE ") for d in peer.received) == 1  # none for the refused
     assert all(body["error"]["code"] == "tenant_limit" and "Retry-After" in headers
                for _, body, headers in refused)
     # another key still has room
@@ -173,8 +170,8 @@ async def hang_up_all(server: SipServer) -> None:
         await dialer(server).hang_up(live)
 
 
-async def test_sip_outbound_rate_per_key(start: Any, silent: tuple[SilentPeer, int]) -> None:
-    _, port = silent
+async def test_sip_outbound_rate_per_key(start: Any, ringing: tuple[RingingPeer, int]) -> None:
+    _, port = ringing
     server = await start(SipConfig(listen_port=0, outbound_rate=0.5, outbound_burst=3))
     a, b = KEYS
     answers = [await call(server, "POST", "/v1/sip/calls", a, {"to": to(port)})
@@ -203,10 +200,10 @@ TRUNKS = {"t1": {"proxy": "sip:127.0.0.1:{port}", "allow": ["+1555*", "sip:desk@
     (KEYS[1], "sip:+15550100@carrier.example", 403, "trunk_not_allowed"),
     (ADMIN, "sip:+15550100@carrier.example", 201, None),
 ])
-async def test_a_trunks_allow_list_and_keys(start: Any, silent: tuple[SilentPeer, int],
+async def test_a_trunks_allow_list_and_keys(start: Any, ringing: tuple[RingingPeer, int],
                                             key: str, target: str, status: int,
                                             code: str | None) -> None:
-    peer, port = silent
+    peer, port = ringing
     trunks = json.loads(json.dumps(TRUNKS).replace("{port}", str(port)))
     server = await start(SipConfig(listen_port=0, trunks=parse_trunks(trunks)))
     answer, body, _ = await call(server, "POST", "/v1/sip/calls", key,
@@ -267,10 +264,10 @@ REFER_INJECTIONS = [
 
 
 async def test_header_injection_through_every_field_is_refused(
-        start: Any, silent: tuple[SilentPeer, int]) -> None:
+        start: Any, ringing: tuple[RingingPeer, int]) -> None:
     """Each attempt is a coded 400 and nothing is sent; the same fields, clean, place a call
     and transfer one (so the refusals are not of something else)."""
-    peer, port = silent
+    peer, port = ringing
     trunks = parse_trunks({"t1": {"proxy": f"sip:127.0.0.1:{port}"}})
     server = await start(SipConfig(listen_port=0, trunks=trunks))
     refused = []
