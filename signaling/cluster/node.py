@@ -22,7 +22,7 @@ from signaling.cluster.metrics import ClusterMetrics
 from signaling.cluster.registry import Heartbeat, NodeTable
 from signaling.cluster.secrets import ClusterSecrets
 from signaling.cluster.settings import ClusterSettings
-from signaling.cluster.signing import NodeSigner
+from signaling.cluster.signing import NodeGate, NodeSigner
 from signaling.cluster.store import Store
 from signaling.ice import rtc_network
 from signaling.keys import AGENT_KEY
@@ -57,9 +57,11 @@ class ClusterNode:
         metrics.redis_up.set_function(lambda: 1.0 if store.reachable else 0.0)
         for state in ("serving", "draining", "starting"):
             metrics.nodes.labels(state).set_function(functools.partial(table.count, state))
+        signer = NodeSigner(tag, settings.secret)
+        forwarder = Forwarder(signer, NodeGate(signer, store.first_use), settings.node_tls())
         return cls(settings, tag, store, table,
                    Heartbeat(settings, store, agent, tag, workers, table, media, pending, sip),
-                   Forwarder(NodeSigner(tag, settings.secret)), ClusterSecrets(store), metrics)
+                   forwarder, ClusterSecrets(store), metrics)
 
     def view(self) -> dict[str, Any]:
         """What /health shows of the cluster, as this node sees it."""

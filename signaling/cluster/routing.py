@@ -127,7 +127,7 @@ async def forward_to(node: ClusterNode, request: web.Request, tag: str, body: by
         address = node.table.address_of(tag)
     if address is None:
         raise NodeUnreachable(f"node {tag} is not in the table")
-    response, took = await node.forwarder.send(request, address, body, placed)
+    response, took = await node.forwarder.send(request, address, body, tag, placed)
     node.metrics.forwarded.labels(kind).inc()
     node.metrics.forward_seconds.observe(took)
     return response
@@ -329,11 +329,9 @@ async def route(node: ClusterNode, request: web.Request, handler: Handler
         return await handle_here(node, request, handler, from_worker=True)
     if FROM_HEADER in request.headers:
         body = await read_body_in_time(request)
-        sender = node.forwarder.signer.verify(request.headers, request.method,
-                                              request.raw_path, body)
-        if sender is None:
-            raise ApiError("node_signature_invalid", "a request marked as another node's "
-                           "carries no valid signature", status=403)
+        # right, fresh, signed for this node and not seen before: else 403, 421 or 409
+        sender = await node.forwarder.gate.admit(request.headers, request.method,
+                                                 request.raw_path, body)
         request[FROM_NODE_KEY] = sender  # never carried on to a third node
         return await handle_here(node, with_body(request, body), handler)
     tag = owner_node(request)

@@ -1,4 +1,4 @@
-"""Cluster mode's flags (`--cluster`, `--node-address`, `--cluster-secret`,
+"""Cluster mode's flags (`--cluster`, `--node-address`, `--cluster-secret`, `--cluster-ca`,
 `--max-calls-per-key`) and what they are parsed into.
 
 Without `--cluster` nothing of the cluster starts and Redis is never imported: this module
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import ssl
 from dataclasses import dataclass, field
 
 from yarl import URL
@@ -36,6 +37,12 @@ class ClusterSettings:
     heartbeat_s: float = HEARTBEAT_S
     ttl_s: float = TTL_S
     ice_hosts: tuple[str, ...] = ()  # --ice-host: where ICE host candidates are gathered
+    cluster_ca: str | None = None  # --cluster-ca: the CAs https node addresses are checked by
+
+    def node_tls(self) -> ssl.SSLContext:
+        """How this node checks another's https address: against --cluster-ca alone where
+        given, else the system's CAs (hostnames checked either way)."""
+        return ssl.create_default_context(cafile=self.cluster_ca)
 
     @property
     def prefix(self) -> str:
@@ -53,11 +60,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--node-address", default=None, metavar="URL",
         help="where the other nodes reach this one, e.g. http://10.0.0.5:8080 (may be this "
-        "server's own listener; needed with --cluster)")
+        "server's own listener; needed with --cluster). Forwarded requests carry clients' "
+        "Authorization and bodies: use https:// (this server with --tls-cert) unless the "
+        "network between the nodes is private to them (docs/security.md)")
     group.add_argument(
         "--cluster-secret", default=None, metavar="SECRET",
         help=f"the secret the nodes sign forwarded requests with (default: env {SECRET_ENV}; "
         "prefer the environment: a command line is visible to every local user)")
+    group.add_argument(
+        "--cluster-ca", default=None, metavar="FILE",
+        help="PEM bundle of the CAs that signed the nodes' https certificates: requests to "
+        "an https:// node address are verified against these alone (default: the system's "
+        "CAs)")
     group.add_argument(
         "--max-calls-per-key", type=int, default=0, metavar="N",
         help="concurrent calls one API key (without keys: all clients) may hold, every kind "
@@ -69,11 +83,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def settings_from_args(args: argparse.Namespace) -> ClusterSettings | None:
     """The cluster's settings, None without `--cluster`; ClusterFlagError when they cannot
     work."""
+    cluster_ca = getattr(args, "cluster_ca", None)
     if not args.cluster:
         # (--max-calls-per-key counts this server's calls then: signaling/call_limit.py)
         if args.max_calls_per_key < 0:
             raise ClusterFlagError("max_calls_per_key_invalid",
                                    "--max-calls-per-key must be >= 0")
+        if cluster_ca:
+            raise ClusterFlagError("cluster_flag_without_cluster",
+                                   "--cluster-ca checks other nodes' certificates: it needs "
+                                   "--cluster")
         return None
     url = URL(args.cluster)
     if url.scheme not in ("redis", "rediss", "unix") or (url.scheme != "unix" and not url.host):
@@ -95,6 +114,14 @@ def settings_from_args(args: argparse.Namespace) -> ClusterSettings | None:
                                f"bytes (env {SECRET_ENV} or --cluster-secret)")
     if args.max_calls_per_key < 0:
         raise ClusterFlagError("max_calls_per_key_invalid", "--max-calls-per-key must be >= 0")
-    return ClusterSettings(args.cluster, str(address).rstrip("/"), secret.encode(),
-                           args.max_calls_per_key,
-                           ice_hosts=tuple(getattr(args, "ice_host", None) or ()))
+    settings = ClusterSettings(args.cluster, str(address).rstrip("/"), secret.encode(),
+                               args.max_calls_per_key,
+                               ice_hosts=tuple(getattr(args, "ice_host", None) or ()),
+                               cluster_ca=cluster_ca or None)
+    if settings.cluster_ca:
+        try:
+            settings.node_tls()
+        except (OSError, ssl.SSLError) as exc:
+            raise ClusterFlagError("cluster_ca_invalid", f"--cluster-ca {cluster_ca!r}: no "
+                                   f"PEM certificates could be read ({exc})") from None
+    return settings

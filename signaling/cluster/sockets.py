@@ -46,13 +46,13 @@ SOCKET_TIMEOUT = aiohttp.ClientTimeout(total=None, sock_connect=1, connect=5)
 FROM_NODE_KEY = "cluster_from_node"  # request key: the node that sent it here (checked)
 
 
-def upgrade_headers(node: ClusterNode, request: web.Request) -> CIMultiDict[str]:
+def upgrade_headers(node: ClusterNode, request: web.Request, to: str) -> CIMultiDict[str]:
     """The client's end-to-end headers (not its own handshake keys, which belong to its
-    socket with this node) and this node's signature."""
+    socket with this node) and this node's signature, for node `to`."""
     headers = CIMultiDict((name, value) for name, value in request.headers.items()
                           if name.lower() not in NOT_RELAYED
                           and not name.lower().startswith("sec-websocket"))
-    headers.update(node.forwarder.signer.sign(request.method, request.raw_path, b""))
+    headers.update(node.forwarder.signer.sign(request.method, request.raw_path, b"", to=to))
     return headers
 
 
@@ -64,9 +64,10 @@ async def address_of(node: ClusterNode, tag: str) -> str | None:
     return address
 
 
-async def carry(node: ClusterNode, request: web.Request, address: str, kind: str,
+async def carry(node: ClusterNode, request: web.Request, to: str, address: str, kind: str,
                 max_msg_size: int) -> web.WebSocketResponse:
-    """The websocket opened at `address` and relayed until either side closes. Before the
+    """The websocket opened at node `to`'s `address` (https: checked as forwards are) and
+    relayed until either side closes. Before the
     upgrade: aiohttp.WSServerHandshakeError where the node refused it, ClientError, OSError
     or TimeoutError where it could not be reached."""
     session = aiohttp.ClientSession(timeout=SOCKET_TIMEOUT)
@@ -74,8 +75,8 @@ async def carry(node: ClusterNode, request: web.Request, address: str, kind: str
         started = time.perf_counter()
         upstream = await session.ws_connect(
             URL(address + request.raw_path, encoded=True),
-            headers=upgrade_headers(node, request), max_msg_size=max_msg_size,
-            autoping=True, compress=0)
+            headers=upgrade_headers(node, request, to), max_msg_size=max_msg_size,
+            autoping=True, compress=0, ssl=node.forwarder.tls)
         node.metrics.forwarded.labels(kind).inc()
         node.metrics.forward_seconds.observe(time.perf_counter() - started)
         try:
@@ -100,7 +101,7 @@ async def relay_sideband(request: web.Request, call_id: str, max_msg_size: int
         raise ApiError("call_not_found", "no such call (its node is gone)", param="call_id",
                        status=404)
     try:
-        return await carry(node, request, address, "sideband", max_msg_size)
+        return await carry(node, request, tag, address, "sideband", max_msg_size)
     except aiohttp.WSServerHandshakeError as exc:
         if exc.status == 404:
             raise ApiError("call_not_found", "no such call", param="call_id",
@@ -139,7 +140,7 @@ def overflow_to_nodes(workers: Overflow | None) -> Overflow:
         node = request.app[CLUSTER_KEY]
         for info in with_room(node.table, node.tag):
             try:
-                socket = await carry(node, request, info.address, "media_stream",
+                socket = await carry(node, request, info.tag, info.address, "media_stream",
                                      max_msg_size)
             except aiohttp.WSServerHandshakeError as exc:
                 if exc.status == 503:

@@ -71,13 +71,31 @@ class Store:
         try:
             answer = await self._scripts[script](args=[json.dumps(argument)])
         except (RedisError, OSError) as exc:
-            self.errors += 1
-            if self.on_error is not None:
-                self.on_error()
-            self._went(False, type(exc).__name__)
+            self._failed(exc)
             raise StoreDown(str(exc)) from None
         self._went(True)
         return json.loads(answer)
+
+    async def first_use(self, key: str, keep_ms: int) -> bool | None:
+        """`key` (the prefix added) set where absent, kept `keep_ms`: True the first time,
+        False while it is kept, None when Redis is not usable or does not answer (a node's
+        request nonce, signing.py)."""
+        if not self.usable:
+            return None
+        self.round_trips += 1
+        try:
+            stored = await self.client.set(self.prefix + key, b"1", nx=True, px=keep_ms)
+        except (RedisError, OSError) as exc:
+            self._failed(exc)
+            return None
+        self._went(True)
+        return bool(stored)
+
+    def _failed(self, exc: BaseException) -> None:
+        self.errors += 1
+        if self.on_error is not None:
+            self.on_error()
+        self._went(False, type(exc).__name__)
 
     async def close(self) -> None:
         await self.client.aclose()
