@@ -66,7 +66,10 @@ class Destinations:
     def permits(self, target: Uri) -> bool:
         if not self.patterns:
             return True
-        user = unquote(target.user or "", errors="strict")
+        try:
+            user = unquote(target.user or "", errors="strict")
+        except UnicodeDecodeError:
+            return False  # %-escapes that are not UTF-8 match no pattern
         port = f":{target.port}" if target.port else ""
         whole = f"{target.scheme}:{user + '@' if user else ''}{format_host(target.host)}{port}"
         for pattern in self.patterns:

@@ -197,6 +197,7 @@ TRUNKS = {"t1": {"proxy": "sip:127.0.0.1:{port}", "allow": ["+1555*", "sip:desk@
     (KEYS[0], "sip:+19005550100@carrier.example", 403, "destination_not_allowed"),
     (KEYS[0], "sip:%2B19005550100@carrier.example", 403, "destination_not_allowed"),
     (KEYS[0], "sip:011447700900123@carrier.example", 403, "destination_not_allowed"),
+    (KEYS[0], "sip:%FF%2B1555@carrier.example", 403, "destination_not_allowed"),
     (KEYS[1], "sip:+15550100@carrier.example", 403, "trunk_not_allowed"),
     (ADMIN, "sip:+15550100@carrier.example", 201, None),
 ])
