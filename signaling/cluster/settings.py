@@ -76,8 +76,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--max-calls-per-key", type=int, default=0, metavar="N",
         help="concurrent calls one API key (without keys: all clients) may hold, every kind "
         "counted (WebRTC, RTP, media streams, outbound SIP from its INVITE on): across the "
-        "cluster with --cluster, else on this server; more get 429 tenant_limit (default 0 = "
-        "no limit)")
+        "cluster with --cluster, else on this server; a new call beyond it gets 429 "
+        "tenant_limit (media streams are counted, not refused; default 0 = no limit)")
 
 
 def settings_from_args(args: argparse.Namespace) -> ClusterSettings | None:
