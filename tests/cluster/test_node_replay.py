@@ -7,7 +7,8 @@ that keeps every byte sent to it (what a capture of the inter-node network holds
 - the same bytes sent to another node are refused there (421 `node_misdirected`);
 - node C serves https with a certificate of a test CA: A, started with `--cluster-ca`,
   forwards to it; B, which does not trust that CA, does not (its controls of C's calls
-  answer 404 as for a node that does not answer, and it logs why).
+  answer 404 as for a node that does not answer, and it logs why); a sideband websocket
+  relayed to C is checked the same way.
 
 Nodes: A (127.0.0.2, `--max-sessions 1`, `--cluster-ca`), B (127.0.0.3, advertised as
 127.0.0.5), C (127.0.0.4, https, `--max-sessions 1`). With A and C each holding a call, a
@@ -30,6 +31,7 @@ from http.client import HTTPResponse, HTTPSConnection
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 
 from tests.cluster.support import (
@@ -310,3 +312,18 @@ def test_https_node_addresses_are_checked_with_the_cluster_ca(trio: Trio) -> Non
     assert status == 404 and json.loads(body)["error"]["code"] == "call_not_found", body
     wait_for(lambda: "certificate is not trusted" in trio.b.log(), 5,
              "B to log the untrusted certificate")
+
+
+async def test_a_sideband_reaches_an_https_node_with_the_cluster_ca(trio: Trio) -> None:
+    """The websocket relay to another node verifies its certificate as forwards do."""
+    (call,) = calls_on(trio.c)
+    async with aiohttp.ClientSession() as session:
+        async with session.ws_connect(f"{trio.a.url}/v1/realtime?call_id={call}",
+                                      headers=bearer()) as socket:
+            message = await socket.receive(timeout=10)
+            assert message.type == aiohttp.WSMsgType.TEXT, message
+            assert json.loads(message.data)["type"] == "session.created"
+        with pytest.raises(aiohttp.WSServerHandshakeError) as refused:
+            await session.ws_connect(f"{trio.b.url}/v1/realtime?call_id={call}",
+                                     headers=bearer())
+        assert refused.value.status == 404  # C's certificate is not trusted at B
