@@ -1,5 +1,6 @@
-"""Testing a voice agent from pytest with the duplex-agent plugin (installed with the package:
-`pip install 'duplex-agent[peer]'`; fixtures `agent_server` and `agent_call`).
+"""Testing a voice agent from pytest with the duplex-agent plugin (installed with the package
+and its peer extra, from a clone: `pip install -e '.[peer]'`; fixtures `agent_server` and
+`agent_call`). Run it from the clone: `python -m pytest -q examples/test_voice_agent.py`.
 
 `agent_server` starts `python -m signaling` with the marker's flags on a free port and stops
 it afterwards; `agent_call` places a call (any transport) and returns its report, whose
