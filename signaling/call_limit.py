@@ -3,12 +3,14 @@ that hold a slot before they have a leg.
 
 A call is counted against its key from the request that makes it until it ends, whatever it
 is: a WebRTC call, an RTP leg, a SIP call placed by `POST /v1/sip/calls` (from its INVITE on,
-while it rings: `pending_calls`), so a key at its limit gets 429 `tenant_limit` for every
-kind. The middleware counts a new-call request as held while it is handled (a burst of
-requests, all read before any leg exists, sees each other), and the leg or pending call
-once it exists. With several workers each counts its own and claims against the others' in
-the workers' shared tally (workers/limits.py), so the limit is the server's. In a cluster
-the cluster's placement counts the calls instead (cluster/routing.py, in Redis).
+while it rings: `pending_calls`), an inbound SIP call it accepted, a media stream; a key at
+its limit gets 429 `tenant_limit` for a new call of any kind but a media stream (counted,
+not refused), and for accepting a ringing inbound SIP call. The middleware counts a
+new-call request as held while it is handled (a burst of requests, all read before any leg
+exists, sees each other), and the leg or pending call once it exists. With several
+workers each counts its own and claims against the others' in the workers' shared tally
+(workers/limits.py), so the limit is the server's. In a cluster the cluster's placement
+counts the calls instead (cluster/routing.py, in Redis).
 
 `pending_calls(app)`: the calls that hold a slot but have no leg yet (registered by their
 owners: the SIP dialer's ringing outbound calls), counted in `/health` (`pending_calls`), in
@@ -18,6 +20,7 @@ owners: the SIP dialer's ringing outbound calls), counted in `/health` (`pending
 from __future__ import annotations
 
 import contextlib
+import re
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from typing import Protocol
@@ -34,6 +37,7 @@ PendingSource = Callable[[], Mapping[str, object]]  # call id -> owner
 PENDING_CALLS_KEY = web.AppKey("pending_call_sources", list)
 NEW_CALL_PATHS = frozenset({"/v1/realtime/calls", "/offer", "/v1/telephony/rtp",
                             "/v1/sip/calls"})
+ACCEPT_PATH = re.compile(r"^/v1/realtime/calls/[^/]+/accept$")  # a ringing SIP call answered
 
 
 def add_pending_calls(app: web.Application, source: PendingSource) -> None:
@@ -55,7 +59,10 @@ def tenant_key(owner: object) -> str | None:
 
 
 def is_new_call(request: web.Request) -> bool:
-    return request.method == "POST" and request.path in NEW_CALL_PATHS
+    """A request that makes a call the key then holds: a new one, or an inbound SIP call
+    accepted (its leg becomes the key's)."""
+    return request.method == "POST" and (request.path in NEW_CALL_PATHS
+                                         or ACCEPT_PATH.match(request.path) is not None)
 
 
 class SharedCounts(Protocol):

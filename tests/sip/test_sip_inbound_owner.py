@@ -14,9 +14,15 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
+from agent.media_agent import AgentSettings, MediaAgent
+from agent.plugins.echo import EchoPlugin
+from signaling.app import create_app
 from signaling.auth import AuthSettings, tenant_of
+from signaling.call_limit import install_key_limit
 from signaling.sip.config import SipConfig
+from signaling.sip.service import install
 from signaling.sip.trunks import parse_trunks
+from signaling.telephony import TelephonyConfig
 from tests.sip.helpers import HOST, Dialogue, SipPeer, SipServer, SipServerFactory, sdp_offer
 from tests.support.agents import wait_until
 
@@ -115,3 +121,36 @@ def test_the_inbound_key_must_be_one_of_the_servers_keys() -> None:
     assert config is not None and config.inbound_tenant == tenant_of(OWNER)
     with pytest.raises(ValueError, match="--sip-inbound-key"):
         config_from_args(parser.parse_args([*base, "--sip-inbound-key", "not-a-key"]))
+
+
+async def test_a_key_at_its_call_limit_cannot_accept_another_call(hook_url: str) -> None:
+    """Outside a cluster, accepting a ringing call is a new call of the key's
+    (`--max-calls-per-key`): at its limit, 429 and the call still rings."""
+    config = SipConfig(listen_port=0, webhook_url=hook_url, webhook_secret=SECRET,
+                       inbound_tenant=tenant_of(OWNER))
+    agent = MediaAgent(EchoPlugin(), AgentSettings())
+    app = create_app(agent, telephony_config=TelephonyConfig(),
+                     auth=AuthSettings(api_keys=(OWNER, OTHER), admin_keys=(ADMIN,)))
+    service = install(app, config)
+    install_key_limit(app, 1)
+    http_server = TestServer(app, host=HOST)
+    await http_server.start_server()
+    assert service.ua is not None
+    server = SipServer(agent, http_server, service.ua)
+    try:
+        async with aiohttp.ClientSession() as http, http.post(
+                f"{server.url}/v1/telephony/rtp",
+                json={"remote": "127.0.0.1:9", "codec": "PCMU"},
+                headers={"Authorization": f"Bearer {OWNER}"}) as response:
+            assert response.status == 201
+        peer, call_id = await ringing_call(server)
+        status, answer = await request(server, "POST", f"{call_id}/accept", OWNER, {})
+        assert (status, answer["error"]["code"]) == (429, "tenant_limit"), answer
+        ringing = server.ua.find_call(call_id)
+        assert ringing is not None and ringing.pending
+        status, _ = await request(server, "POST", f"{call_id}/reject", OWNER, {})
+        assert status == 200
+        await peer.response(603)
+        peer.close()
+    finally:
+        await http_server.close()
