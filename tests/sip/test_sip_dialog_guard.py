@@ -25,6 +25,7 @@ from signaling.sip.config import SipConfig, add_arguments, config_from_args
 from signaling.sip.message import Headers, SipRequest, SipResponse
 from signaling.sip.service import SIP_SERVICE_KEY
 from signaling.sip.timers import TimerSettings
+from tests.sip import uas_scenarios
 from tests.sip.helpers import (
     HOST,
     Address,
@@ -42,6 +43,9 @@ from tests.sip.outbound_helpers import (
     answered_call,
     dialing_server,
     get_call,
+    place,
+    sip_to,
+    sipp_uas,
     until_idle,
     wait_status,
 )
@@ -305,7 +309,8 @@ async def test_an_sdp_address_that_never_sends_gets_a_burst_and_the_call_ends_me
                                               media_timeout=timeout))
     peer, victim = await SipPeer.open(), await rtp_probe_at("127.0.0.5")
     started = time.monotonic()
-    dialogue, _, _ = await establish(server, peer, sdp_offer(victim.port, ip="127.0.0.5"))
+    await establish(server, peer, sdp_offer(victim.port, ip="127.0.0.5"))
+    (leg,) = list(server.agent.legs)
     bye = await peer.request("BYE", timeout=timeout + 5)
     elapsed = time.monotonic() - started
     peer.send(SipResponse(headers=reply_headers(bye), status=200, reason="OK"), server.sip)
@@ -313,6 +318,8 @@ async def test_an_sdp_address_that_never_sends_gets_a_burst_and_the_call_ends_me
     print(f"\npackets toward a silent SDP address: {len(victim.packets)} in {elapsed:.2f} s "
           f"(--sip-media-timeout {timeout:g})")
     assert 'text="media_timeout"' in (bye.headers.get("reason") or "")
+    assert leg.end_reason == "media_timeout"  # as metrics, the sideband and webhooks say it
+    assert leg.stats()["packets_withheld"] > 0
     assert timeout <= elapsed < timeout + 3
     assert len(victim.packets) <= UNHEARD_BURST
     peer.close()
@@ -345,6 +352,23 @@ async def test_a_peer_heard_at_its_sdp_address_gets_the_stream_until_it_falls_si
     await wait_until(server.quiet)
     peer.close()
     media.close()
+
+
+async def test_an_outbound_call_whose_far_end_never_sends_ends_media_timeout(
+    start_sip: SipServerFactory, tmp_path: Path,
+) -> None:
+    server = await start_sip(config=SipConfig(listen_port=0, media_timeout=1.0))
+    uas, port = await sipp_uas(tmp_path, uas_scenarios.answer_then_hangup_from_agent())
+    _, body, _ = await place(server, {"to": sip_to(port)})
+    await wait_status(server, body["id"], "answered")
+    call = await wait_status(server, body["id"], "ended", timeout=10)
+    assert call["reason"] == "media_timeout"
+    assert call["events"][-1]["type"] == "call.ended"
+    assert call["events"][-1]["reason"] == "media_timeout"
+    run = await uas
+    assert run.returncode == 0, run.explain()
+    assert 'text="media_timeout"' in run.messages  # the agent's BYE says why
+    await until_idle(server)
 
 
 def test_the_media_timeout_flag() -> None:
