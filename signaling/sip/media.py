@@ -4,7 +4,7 @@
 `/health`, `/metrics` and `/metrics/calls` tell SIP calls from HTTP-created RTP legs), the
 SDP's direction applied (on hold the agent stops sending; while the caller sends nothing by
 agreement, silence is not idleness) and the remote address movable by a re-INVITE. When the
-leg ends for any reason (idle timeout, `DELETE /v1/realtime/calls/{id}`, drain, shutdown) it
+leg ends for any reason (media timeout, `DELETE /v1/realtime/calls/{id}`, drain, shutdown) it
 tells the user agent, which sends the BYE. The remote is the SDP's c=/m= address, checked
 against `--rtp-allow` like an HTTP-created leg's; RTP is taken from that IP on the first port
 it sends from.

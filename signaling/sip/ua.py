@@ -20,7 +20,7 @@ dropped), a retransmission is absorbed by its transaction (transaction.py). Then
 - UPDATE (RFC 3311): an offer answered in its 200 like a re-INVITE's; without SDP a target
   refresh. With `--sip-auth-file`, out-of-dialog requests are challenged first
   (caller_auth.py).
-- BYE: 200 and the leg ends. The agent's own BYE (the leg ended: HTTP hang-up, idle timeout,
+- BYE: 200 and the leg ends. The agent's own BYE (the leg ended: HTTP hang-up, media timeout,
   drain, shutdown) goes to the remote target through the route set, on a client transaction.
 - OPTIONS: 200 with Allow/Accept, 503 while draining, full or not ready (probes).
 - Any request in a live dialog, inbound or outbound (the CANCEL of a ringing call too), from
@@ -973,7 +973,7 @@ class UserAgent:
     # -- ending calls -----------------------------------------------------------------------
 
     def _on_leg_closed(self, leg: SipRtpLeg, reason: str) -> None:
-        """The media leg ended (hang-up over HTTP, idle timeout, drain, shutdown...)."""
+        """The media leg ended (hang-up over HTTP, media timeout, drain, shutdown...)."""
         call = self._by_leg.pop(leg.id, None)
         if call is None or call.state in (ENDING, ENDED):
             return
