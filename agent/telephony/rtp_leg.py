@@ -15,6 +15,8 @@ rtp_jitter.py); the agent's audio goes back as RTP on the same tick (160 bytes o
 (agent/audio/send_clock.py), not from a task per leg. Keypad digits sent as RFC 4733
 telephone-events (on `dtmf_payload_type`, 101 unless told otherwise) become DTMF session
 events, as on the media-stream websocket.
+A leg whose remote came from someone else's words (a SIP offer) has a `remote_check`: a
+short burst until the remote's RTP is heard, then nothing (remote_check.py).
 """
 
 from __future__ import annotations
