@@ -16,7 +16,10 @@ to core 0; sipp and the callers run on core 1.
   streams the test signal as RTP in real time from one socket and records the echo, exactly
   as telephony_capacity_bench.py does for HTTP-created RTP legs (same pass criterion: every
   call answered, >= 99% of chunks and of echoed audio back, no gap over 60 ms after the
-  first second), so the two compare directly.
+  first second, the echo correlated >= 0.9 with what was sent in every second), so the two
+  compare directly. Beside each level, as there: the agent's CPU over the steady window only
+  (every call up, before hang-up), the callers' and the foreign CPU over it, the frame-cost
+  calibration and the load average; a failing level is tried once more (`--trials`).
 - **memory**: the server's RSS before and with N answered, silent calls (each a dialog, an
   RTP leg and a plugin seat), per call.
 
@@ -43,7 +46,16 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from harness import ROOT, agent_command, cpu_seconds, free_port, placed, server_on_core0
+from harness import (
+    LEVEL_HEADER,
+    MARKS,
+    agent_command,
+    capacity_levels,
+    cpu_seconds,
+    free_port,
+    placed,
+    server_on_core0,
+)
 from telephony_capacity_bench import (
     CHUNK,
     CoresWhile,
@@ -52,7 +64,7 @@ from telephony_capacity_bench import (
     _exchange_rtp,
     _loud_flags,
     _payloads,
-    level_passes,
+    sent_pcm,
 )
 
 HOST = "127.0.0.1"
@@ -336,36 +348,24 @@ async def run_sip_clients(sip_port: int, count: int, seconds: float) -> Any:
     sock.close()
     assert caller.transport is not None
     caller.transport.close()
-    return ([record.summary() for record in records],
+    reference = sent_pcm(payloads)
+    return ([record.summary(reference) for record in records],
             {"cores": sending.cores, "late_ms": late_s * 1000})
 
 
-def bench_capacity(levels: list[int], seconds: float) -> None:
+def bench_capacity(levels: list[int], seconds: float, trials: int = 2) -> None:
     print(f"\n### Established SIP echo calls (PCMU) in real time, agent pinned to one core, "
           f"{seconds:g} s each (compare telephony_capacity_bench.py --kinds rtp)\n")
-    print("| SIP calls | result | server CPU % of a core per call | detail |")
-    print("|---|---|---|---|")
-    best = 0
-    for count in levels:
+    print(LEVEL_HEADER)
+
+    @contextmanager
+    def start(count: int) -> Iterator[tuple[list[str], int]]:
         with sip_server() as (_, sip_port, pid):
-            before, started = cpu_seconds(pid), time.monotonic()
-            command = placed("1") + [sys.executable, __file__, "clients", "--sip-port",
-                                     str(sip_port), "--n", str(count), "--seconds",
-                                     str(seconds)]
-            result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True,
-                                    timeout=seconds * 3 + 90)
-            per_call = (cpu_seconds(pid) - before) / (time.monotonic() - started) / count * 100
-        if result.returncode != 0:
-            print(f"| {count} | ERROR | | {result.stderr[-300:]!r} |")
-            break
-        summaries, _ = json.loads(result.stdout)
-        ok, detail = level_passes(summaries)
-        print(f"| {count} | {'real time' if ok else 'FAILS'} | {per_call:.2f} | {detail} |",
-              flush=True)
-        if not ok:
-            break
-        best = count
-    print(f"| **{best}** | **max real time** | | |")
+            yield placed("1") + [sys.executable, __file__, "clients", "--sip-port",
+                                 str(sip_port), "--n", str(count), "--seconds",
+                                 str(seconds)], pid
+
+    capacity_levels("SIP", levels, trials, seconds, start)
 
 
 # -- memory per idle dialog -------------------------------------------------------------------
@@ -417,17 +417,20 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=None,
                         help="per setup rate (default 4) or capacity level (default 6)")
     parser.add_argument("--dialogs", type=int, default=100)
+    parser.add_argument("--trials", type=int, default=2,
+                        help="capacity: tries per level (default 2: a failing level once more)")
     parser.add_argument("--sip-port", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--n", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.what == "clients":
+        MARKS["print"] = True
         print(json.dumps(asyncio.run(run_sip_clients(args.sip_port, args.n, args.seconds))))
         return
     print(f"sip_bench on {os.cpu_count()} cores")
     if args.what in ("all", "setup"):
         bench_setup(args.rates, args.seconds or 4.0)
     if args.what in ("all", "capacity"):
-        bench_capacity(args.levels, args.seconds or 6.0)
+        bench_capacity(args.levels, args.seconds or 6.0, max(1, args.trials))
     if args.what in ("all", "memory"):
         bench_memory(args.dialogs)
 

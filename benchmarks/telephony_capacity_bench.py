@@ -7,12 +7,16 @@ The agent (echo plugin) runs pinned to core 0 (`taskset -c 0`); the bridge clien
 another process pinned to core 1. Each session streams the band-limited test signal as
 μ-law in real time (20 ms / 160 bytes per message or packet) and records what comes back.
 Same criterion as the WebRTC capacity benchmark: a level of N passes when every session
-opened, no gap between received packets after the first second exceeded 60 ms, and each
-session received >= 99% of what could come back: the agent's 20 ms chunks over the time it
-was sending, and >= 99% of the sent audio echoed back as audio (not silence). Also prints the
-server's CPU per session, which does not depend on the load of the other core. On a shared
-machine a neighbour's burst shows up as a gap: `--trials N` retries a failed level. Prints
-markdown tables.
+opened, no gap between received packets after the first second exceeded 60 ms, each session
+received >= 99% of what could come back (the agent's 20 ms chunks over the time it was
+sending, and >= 99% of the sent audio echoed back as audio, not silence), and its echo
+carries what it sent: in every second, correlation >= 0.9 with the sent audio (packets can
+flow on time while the echo is gone). Beside each level: the agent's CPU over the steady
+window only (every session up, from the first second of media to the last chunk sent; not
+the set-up or hang-up), the callers' own CPU and everything else's (foreign: /proc/stat's
+busy time less agent and callers) over that window, the frame-cost calibration on the
+agent's core just before the level (absolute capacities scale with it) and the load
+average. A failing level is tried once more (`--trials`). Prints markdown tables.
 """
 
 from __future__ import annotations
@@ -31,10 +35,22 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from harness import ROOT, agent_command, cpu_seconds, free_port, placed, server_on_core0
+from harness import (
+    LEVEL_HEADER,
+    MARKS,
+    ROOT,
+    WINDOW_END,
+    WINDOW_START,
+    agent_command,
+    capacity_levels,
+    echo_correlations,
+    free_port,
+    level_passes,  # noqa: F401 - workers_bench judges its levels through this module
+    mark_window,
+    placed,
+    server_on_core0,
+)
 
-GAP_LIMIT_MS = 60.0
-RECEIVED_MIN = 0.99
 PACKET_SECONDS = 0.02
 CHUNK = 160
 LOUD_RMS = 500.0  # int16; the test signal is about 8000 RMS, silence 0
@@ -64,6 +80,8 @@ class SessionRecord:
     # What came back, judged loud or not after the run: the clients' per-packet work stays
     # small, so at high levels the clients do not take the CPU the server is measured on.
     received_payloads: list[bytes] = field(default_factory=list)
+    # RTP: each received packet's timestamp, so the echo is laid out on the sender's clock.
+    received_stamps: list[int] = field(default_factory=list)
     first_sent_at: float | None = None
     last_sent_at: float | None = None
     # When the caller's media began (on the arrivals' clock); None: at the first arrival. A
@@ -81,7 +99,29 @@ class SessionRecord:
         self.arrivals.append(time.monotonic())
         self.received_payloads.append(payload)
 
-    def summary(self) -> dict[str, Any]:
+    def echo(self) -> Any:
+        """What came back from the first send on, as int16 PCM on the agent's clock: RTP
+        payloads placed by timestamp (a lost packet stays silent), others in order."""
+        import numpy as np
+
+        from agent.telephony.g711 import mulaw_decode
+
+        start = self.media_from if self.media_from is not None else self.first_sent_at
+        chosen = [i for i, t in enumerate(self.arrivals) if start is None or t >= start]
+        if not chosen:
+            return np.zeros(0, dtype=np.int16)
+        if len(self.received_stamps) != len(self.arrivals):
+            return mulaw_decode(b"".join(self.received_payloads[i] for i in chosen))
+        first = self.received_stamps[chosen[0]]
+        offsets = [(self.received_stamps[i] - first) % (1 << 32) for i in chosen]
+        keep = [(o, i) for o, i in zip(offsets, chosen, strict=True) if o < 1 << 22]
+        out = np.zeros(max(o for o, _ in keep) + CHUNK, dtype=np.int16)
+        for offset, i in keep:
+            pcm = mulaw_decode(self.received_payloads[i])
+            out[offset:offset + len(pcm)] = pcm[:len(out) - offset]
+        return out
+
+    def summary(self, sent_pcm: Any = None) -> dict[str, Any]:
         if not self.arrivals:
             return {"opened": self.opened, "error": self.error or "nothing received"}
         # The first second (sessions still being set up) is left out of both measures.
@@ -94,6 +134,8 @@ class SessionRecord:
             "chunk_ratio": len(later) / (window / PACKET_SECONDS),
             "echo_ratio": sum(_loud_flags(self.received_payloads)) / max(1, self.sent_loud),
             "max_gap_ms": max(gaps, default=0.0) * 1000,
+            "min_correlation": (min(echo_correlations(sent_pcm, self.echo()), default=0.0)
+                                if sent_pcm is not None else 0.0),
         }
 
 
@@ -115,6 +157,13 @@ def _loud_flags(payloads: list[bytes]) -> list[bool]:
     return flags.tolist()
 
 
+def sent_pcm(payloads: list[bytes]) -> Any:
+    """What the callers sent, as the agent decodes it (int16 PCM)."""
+    from agent.telephony.g711 import mulaw_decode
+
+    return mulaw_decode(b"".join(payloads))
+
+
 def _payloads(seconds: float) -> list[bytes]:
     import numpy as np
 
@@ -131,11 +180,14 @@ async def _pace(payload_count: int, send_all: Any) -> float:
     started = time.monotonic()
     worst_late = 0.0
     for index in range(payload_count):
+        if index == int(1 / PACKET_SECONDS):
+            mark_window(WINDOW_START)
         worst_late = max(worst_late, time.monotonic() - started - index * PACKET_SECONDS)
         await send_all(index)
         delay = started + (index + 1) * PACKET_SECONDS - time.monotonic()
         if delay > 0:
             await asyncio.sleep(delay)
+    mark_window(WINDOW_END)
     return worst_late
 
 
@@ -218,7 +270,8 @@ async def run_media_stream_clients(url: str, count: int, seconds: float) -> Clie
         for reader in readers:
             reader.cancel()
         await asyncio.wait([asyncio.ensure_future(sockets[i].close()) for i in live], timeout=10)
-    return ([record.summary() for record in records],
+    reference = sent_pcm(payloads)
+    return ([record.summary(reference) for record in records],
             {"cores": sending.cores, "late_ms": late_s * 1000})
 
 
@@ -277,6 +330,7 @@ def _exchange_rtp(sock: socket.socket, packets: list[list[bytes]],
         record.media_from = media_from
     stop_at = started + chunks * PACKET_SECONDS + TAIL_SECONDS
     step, steps = 0, chunks * SEND_PHASES  # step: one phase's sends of one chunk
+    window_from = min(steps, int(1 / PACKET_SECONDS) * SEND_PHASES)  # media's first second
     worst_late = 0.0
     while True:
         now = time.monotonic()
@@ -289,6 +343,10 @@ def _exchange_rtp(sock: socket.socket, packets: list[list[bytes]],
                 except OSError as exc:
                     records[index].error = records[index].error or repr(exc)
             step += 1
+            if step == window_from:
+                mark_window(WINDOW_START)
+            if step == steps:
+                mark_window(WINDOW_END)
         while True:
             try:
                 datagram, ancillary, _, source = sock.recvmsg(2048, stamp_space)
@@ -305,6 +363,7 @@ def _exchange_rtp(sock: socket.socket, packets: list[list[bytes]],
         time.sleep(max(0.0, min(next_send, stop_at, now + READ_EVERY_S) - time.monotonic()))
     for record in records:
         record.received = len(record.arrivals)
+        record.received_stamps = [int.from_bytes(d[4:8], "big") for d in record.received_payloads]
         record.received_payloads = [rtp_payload(d) for d in record.received_payloads]
     return worst_late
 
@@ -359,17 +418,24 @@ async def run_rtp_clients(url: str, count: int, seconds: float) -> ClientsRun:
 
         await asyncio.wait([asyncio.ensure_future(delete(call_ids[i])) for i in live], timeout=20)
     sock.close()
-    return ([record.summary() for record in records],
+    reference = sent_pcm(payloads)
+    return ([record.summary(reference) for record in records],
             {"cores": sending.cores, "late_ms": late_s * 1000})
+
+
+def clients_command(kind: str, url: str, count: int, seconds: float,
+                    core: str | None = "1", niceness: int = 0) -> list[str]:
+    """The command of one client process for `count` sessions (pinned to `core`; None:
+    anywhere; at `niceness`); it prints its steady window's edges, then its result."""
+    return placed(core, niceness) + [sys.executable, __file__, "clients", "--kind", kind,
+                                     "--url", url, "--n", str(count), "--seconds", str(seconds)]
 
 
 def clients_subprocess(kind: str, url: str, count: int, seconds: float,
                        core: str | None = "1", niceness: int = 0) -> ClientsRun:
     """`count` sessions from one client process (pinned to `core`; None: anywhere; at
     `niceness`)."""
-    command = placed(core, niceness) + [sys.executable, __file__, "clients", "--kind", kind,
-                                        "--url", url, "--n", str(count), "--seconds",
-                                        str(seconds)]
+    command = clients_command(kind, url, count, seconds, core, niceness)
     try:
         result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True,
                                 timeout=seconds * 3 + 90)
@@ -378,47 +444,21 @@ def clients_subprocess(kind: str, url: str, count: int, seconds: float,
                 {"cores": None, "late_ms": None})
     if result.returncode != 0:
         raise RuntimeError(result.stderr[-2000:])
-    summaries, callers = json.loads(result.stdout)
+    summaries, callers = json.loads(result.stdout.strip().splitlines()[-1])
     return summaries, callers
-
-
-def level_passes(summaries: list[dict[str, Any]]) -> tuple[bool, str]:
-    failed = [s for s in summaries if not s.get("opened") or "chunk_ratio" not in s]
-    if failed:
-        return False, f"{len(failed)} sessions failed: {failed[0].get('error')}"
-    chunk_ratio = min(s["chunk_ratio"] for s in summaries)
-    echo_ratio = min(s["echo_ratio"] for s in summaries)
-    max_gap = max(s["max_gap_ms"] for s in summaries)
-    ok = chunk_ratio >= RECEIVED_MIN and echo_ratio >= RECEIVED_MIN and max_gap <= GAP_LIMIT_MS
-    return ok, (f"min chunks {chunk_ratio:.3f}, min echoed audio {echo_ratio:.3f}, "
-                f"max gap {max_gap:.0f} ms")
 
 
 def bench(kinds: list[str], levels: list[int], seconds: float, trials: int) -> None:
     print(f"\n### Concurrent real-time telephony sessions, agent (echo plugin) pinned to one "
           f"core, {seconds:g} s each\n")
-    print("| kind | sessions | result | server CPU % of a core per session | detail |")
-    print("|---|---|---|---|---|")
+    print(LEVEL_HEADER)
     for kind in kinds:
-        best = 0
-        for count in levels:
-            for trial in range(1, trials + 1):
-                with agent_server() as (url, pid):
-                    before = cpu_seconds(pid)
-                    started = time.monotonic()
-                    summaries, _ = clients_subprocess(kind, url, count, seconds)
-                    used = cpu_seconds(pid) - before
-                    per_session = used / (time.monotonic() - started) / count * 100
-                ok, detail = level_passes(summaries)
-                label = f"{count}" + (f" (try {trial})" if trials > 1 else "")
-                print(f"| {kind} | {label} | {'real time' if ok else 'FAILS'} "
-                      f"| {per_session:.2f} | {detail} |", flush=True)
-                if ok:
-                    break
-            if not ok:
-                break
-            best = count
-        print(f"| **{kind}** | **{best}** | **max real time** | | |", flush=True)
+        @contextmanager
+        def start(count: int, kind: str = kind) -> Iterator[tuple[list[str], int]]:
+            with agent_server() as (url, pid):
+                yield clients_command(kind, url, count, seconds), pid
+
+        capacity_levels(kind, levels, trials, seconds, start)
 
 
 KINDS = ("media_stream", "rtp")
@@ -448,10 +488,12 @@ def main() -> None:
                         help=f"comma-separated, of {', '.join(KINDS)} (default both)")
     parser.add_argument("--levels", default="10,20,40,60,80,100,130,160,200")
     parser.add_argument("--seconds", type=float, default=10.0)
-    parser.add_argument("--trials", type=int, default=1,
-                        help="tries per level before it counts as failed (the machine is shared)")
+    parser.add_argument("--trials", type=int, default=2,
+                        help="tries per level before it counts as failed (default 2: a "
+                             "failing level is tried once more)")
     args = parser.parse_args()
     if args.command == "clients":
+        MARKS["print"] = True
         runner = run_media_stream_clients if args.kind == "media_stream" else run_rtp_clients
         print(json.dumps(asyncio.run(runner(args.url, args.n, args.seconds))))
         return
