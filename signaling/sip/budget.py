@@ -24,7 +24,10 @@ its answer (Timer J absorbs retransmissions), so a rate alone still lets tens of
 pile up. `--sip-max-transactions` caps them: a new request that would create one more is
 answered 503 with a Retry-After, statelessly (no transaction); past `REPLY_CAP` such answers
 a second the rest are dropped. Requests within a live call's dialog (its BYE, re-INVITE,
-UPDATE) are exempt, so a flood does not stop calls from ending or changing.
+UPDATE) are exempt, so a flood does not stop calls from ending or changing. A transaction
+holds about 7 KiB (its request, answer and timer), so the default 2048 bounds a flood's share
+near 14 MiB; legitimate traffic keeps about two per call set up in the last 32 s (its INVITE's
+and its BYE's), some 640 at 10 new calls a second, plus probes.
 
 The tables of addresses are LRUs bounded by `--sip-invite-table`: an address pushed out
 starts again with a full bucket (a flood from very many addresses then meets the transaction
@@ -53,7 +56,7 @@ log = logging.getLogger(__name__)
 
 DEFAULT_MESSAGE_RATE = 200.0  # messages a second per source address
 DEFAULT_MESSAGE_BURST = 400
-DEFAULT_MAX_TRANSACTIONS = 4096  # live server transactions, all sources together
+DEFAULT_MAX_TRANSACTIONS = 2048  # live server transactions, all sources together (~7 KiB each)
 DEFAULT_TABLE_SIZE = 4096  # source addresses remembered (LRU), as --sip-invite-table
 DEFAULT_TCP_PER_ADDRESS = TCP_PER_ADDRESS  # concurrent SIP/TCP+TLS connections, one address
 DEFAULT_HEADER_TIMEOUT = HEADER_TIMEOUT  # seconds for a connection's message to arrive whole

@@ -122,8 +122,12 @@ class Transaction:
         for handle in self._handles.values():
             handle.cancel()
         self._handles.clear()
-        if self.on_terminated is not None:
-            self.on_terminated(self)
+        # The layer's hook closes over this transaction: dropped here, so an ended
+        # transaction is freed at once by reference counting, not left as a cycle for a
+        # full garbage collection that an idle server may not run for a long time.
+        told, self.on_terminated = self.on_terminated, None
+        if told is not None:
+            told(self)
 
 
 # -- server transactions -----------------------------------------------------------------------
@@ -146,6 +150,10 @@ class ServerTransaction(Transaction):
 
     def respond(self, response: SipResponse) -> None:
         raise NotImplementedError
+
+    def terminate(self) -> None:
+        super().terminate()
+        self.on_timeout = None  # the user agent's hook may hold its call: no cycle left
 
     def on_request(self, request: SipRequest) -> None:
         """A retransmission of the request (or, for INVITE, its ACK)."""

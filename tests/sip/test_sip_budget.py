@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import secrets
 import ssl
 import time
+import weakref
 from pathlib import Path
 
 import numpy as np
@@ -23,7 +25,9 @@ from agent.testing.testsignal import make_test_signal, measure_echo
 from signaling.sip.budget import BudgetSettings, MessageBudget, TransactionCap
 from signaling.sip.config import SipConfig, add_arguments, config_from_args
 from signaling.sip.message import SipResponse
+from signaling.sip.timers import ManualTimers, TimerSettings
 from signaling.sip.tls import SipTlsSettings
+from signaling.sip.transaction import TransactionLayer
 from tests.sip import scenarios
 from tests.sip.helpers import (
     HOST,
@@ -95,6 +99,31 @@ def test_the_flags_set_the_budget_and_refuse_nonsense() -> None:
                   ["--sip-tcp-per-address", "0"], ["--sip-header-timeout", "-1"]):
         with pytest.raises(SystemExit):
             parser.parse_args(["--sip-listen", "127.0.0.1:0", *flags])
+
+
+def test_an_ended_server_transaction_is_freed_without_a_garbage_collection() -> None:
+    """What a request leaves behind goes with its transaction: once Timer J ends an OPTIONS
+    transaction, nothing holds it, not even a reference cycle waiting for a full collection
+    (which an idle server may not run for a long time: a flood's memory stayed)."""
+    timers = ManualTimers()
+    layer = TransactionLayer(timers, TimerSettings())
+    sent: list[bytes] = []
+    gc.disable()
+    try:
+        alive = []
+        for index in range(50):
+            request = Dialogue(5060, ("192.0.2.9", 5060)).request(
+                "OPTIONS", branch=f"z9hG4bKgone{index}")
+            tx = layer.new_server(request, sent.append, reliable=False)
+            tx.respond(SipResponse(headers=request.headers, status=200, reason="OK"))
+            alive.append(weakref.ref(tx))
+            del tx, request
+        assert len(layer.servers) == 50
+        timers.advance(40)  # past Timer J (64*T1)
+        assert not layer.servers
+        assert [ref for ref in alive if ref() is not None] == []
+    finally:
+        gc.enable()
 
 
 # -- a flood of every method on the wire ---------------------------------------------------------
