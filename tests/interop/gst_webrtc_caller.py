@@ -6,6 +6,16 @@ Sends IN.wav to `POST URL/v1/realtime/calls` with webrtcbin's defaults (its own 
 certificate, non-trickle offer once gathering completes), records what comes back to OUT.raw
 (48 kHz mono s16le, no header: a header needs an EOS that can stall a failed pipeline) and
 prints one JSON report: connect time, states, data-channel events.
+
+The WAV plays from when the connection is up, not from when the pipeline starts: a blocking
+probe on the pacing `identity sync=true` lets its first buffer through (a few tens of ms: the
+encoder's caps follow it to webrtcbin, which needs them for its offer) and holds the next until
+`connected`, when identity's `ts-offset` becomes that moment's running time, so the rest plays
+in real time from there rather than all that is overdue at once. Played from the pipeline's
+start, the part before a slow connect (seconds on a loaded machine) was lost, and with a fixed
+recording length the recording could end past the end of the signal: nothing of the signal left
+to align it with.
+
 Kept free of the project's imports: it runs outside the project's interpreter.
 """
 
@@ -43,11 +53,18 @@ class Caller:
         self.started = time.monotonic()
         self.pipeline = Gst.parse_launch(
             f"webrtcbin name=webrtc bundle-policy=max-bundle "
-            f"filesrc location={args.input} ! wavparse ! identity sync=true ! audioconvert ! "
+            f"filesrc location={args.input} ! wavparse ! identity name=pace sync=true ! "
+            f"audioconvert ! "
             f"audioresample ! "
             f"audio/x-raw,channels=1 ! {ENCODERS[args.codec]} ! queue ! webrtc."
         )
         self.webrtc = self.pipeline.get_by_name("webrtc")
+        self.pace = self.pipeline.get_by_name("pace")
+        self.source = self.pace.get_static_pad("sink")
+        self.buffers_let_through = 0
+        self.held: int | None = self.source.add_probe(
+            Gst.PadProbeType.BLOCK | Gst.PadProbeType.BUFFER | Gst.PadProbeType.BUFFER_LIST,
+            self.hold_after_the_first)
         self.webrtc.connect("on-negotiation-needed", self.on_negotiation_needed)
         self.webrtc.connect("pad-added", self.on_pad_added)
         self.webrtc.connect("notify::ice-gathering-state", self.on_gathering)
@@ -85,6 +102,25 @@ class Caller:
         except Exception as error:
             self.report["errors"].append(f"hangup: {error}")
 
+    def hold_after_the_first(self, _pad: Gst.Pad, _info: Gst.PadProbeInfo
+                             ) -> Gst.PadProbeReturn:
+        """PASS: this buffer goes, the probe blocks on the next; OK: blocked here."""
+        if self.buffers_let_through == 0:
+            self.buffers_let_through = 1
+            return Gst.PadProbeReturn.PASS
+        return Gst.PadProbeReturn.OK
+
+    def play_from_now(self) -> None:
+        """Let the held WAV go, its timestamps starting at the pipeline's running time now."""
+        if self.held is None:
+            return
+        clock = self.pipeline.get_clock()
+        if clock is not None:
+            self.pace.set_property("ts-offset", clock.get_time() - self.pipeline.get_base_time())
+        self.source.remove_probe(self.held)
+        self.held = None
+        self.report["played_at"] = round(time.monotonic() - self.started, 3)
+
     def on_bus_error(self, _bus: Gst.Bus, message: Gst.Message) -> None:
         error, debug = message.parse_error()
         self.report["errors"].append(f"{error.message} ({debug})")
@@ -111,6 +147,7 @@ class Caller:
             threading.Thread(target=self.post_offer, args=(sdp,), daemon=True).start()
 
     def post_offer(self, sdp: str) -> None:
+        time.sleep(self.args.offer_delay)  # a slow connect, as on a loaded machine
         request = urllib.request.Request(
             self.args.url.rstrip("/") + "/v1/realtime/calls", data=sdp.encode(),
             headers={"Content-Type": "application/sdp"}, method="POST",
@@ -141,6 +178,7 @@ class Caller:
         if state == GstWebRTC.WebRTCPeerConnectionState.CONNECTED and not self.report["connected"]:
             self.report["connected"] = True
             self.report["connect_seconds"] = round(time.monotonic() - self.started, 3)
+            self.play_from_now()
             GLib.timeout_add(int(self.args.seconds * 1000), self.finish, "done")
         elif state == GstWebRTC.WebRTCPeerConnectionState.FAILED:
             GLib.idle_add(self.finish, "connection_failed")
@@ -181,6 +219,8 @@ def main() -> int:
     parser.add_argument("--codec", choices=sorted(ENCODERS), default="opus")
     parser.add_argument("--seconds", type=float, default=4.0)
     parser.add_argument("--timeout", type=float, default=30.0)
+    parser.add_argument("--offer-delay", type=float, default=0.0,
+                        help="seconds to wait before posting the offer (a slow connect)")
     args = parser.parse_args()
     Gst.init(None)
     report = Caller(args).run()
