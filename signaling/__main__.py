@@ -5,13 +5,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import errno
+import ipaddress
 import logging
 import os
 import signal
 import socket
 import ssl
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from aiohttp import web
@@ -85,6 +86,43 @@ def _opus_complexity(text: str) -> int:
     return value
 
 
+def whole_number(minimum: int) -> Callable[[str], int]:
+    """A flag type: a whole number of at least `minimum`."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = minimum - 1
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"expected a whole number of at least {minimum}, "
+                                             f"not {text!r}")
+        return value
+    return parse
+
+
+def seconds(text: str) -> float:
+    """A flag type: seconds, 0 or more."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value >= 0:  # also NaN
+        raise argparse.ArgumentTypeError(f"expected 0 or more seconds, not {text!r}")
+    return value
+
+
+def ip_address(text: str) -> str:
+    """A flag type: an IPv4 or IPv6 address, as written."""
+    try:
+        ipaddress.ip_address(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an IP address, not {text!r}") from None
+    return text
+
+
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+
+
 # Real-time Opus echo calls per core, with room to spare: one core held 80 when quiet and 32
 # with a busy loop on the same core (docs/benchmarks.md, capacity, 2026-12-04). A default that
 # keeps an unconfigured server from taking calls it cannot serve in real time.
@@ -120,7 +158,7 @@ def build_parser() -> PluginFlagsParser:
         help=f"plugin id (default echo; available: {', '.join(available_plugins())})",
     )
     parser.add_argument(
-        "--workers", type=int, default=None, metavar="N",
+        "--workers", type=whole_number(1), default=None, metavar="N",
         help="worker processes behind the one port, each with its own event loop; "
         "--max-sessions and the other limits stay the whole server's (default: one per CPU core "
         "for plugins that run one instance per worker — echo, vllm-omni; always 1 for a model "
@@ -146,11 +184,11 @@ def build_parser() -> PluginFlagsParser:
                        help="remote engine URL (repeatable; vllm-omni, moshi-server)")
     model.add_argument("--model", default=None, help="model name to ask a remote engine for")
     calls = parser.add_argument_group("calls")
-    calls.add_argument("--max-sessions", type=int, default=None,
+    calls.add_argument("--max-sessions", type=whole_number(0), default=None,
                        help="concurrent calls admitted, all transports together (default: "
                        f"{CALLS_PER_CORE} per CPU core = {default_max_sessions()} here, or the "
                        "plugin's own limit when lower; 0 = unlimited)")
-    calls.add_argument("--max-call-seconds", type=float, default=0.0,
+    calls.add_argument("--max-call-seconds", type=seconds, default=0.0,
                        help="hard limit on a call's length (0 = none)")
     calls.add_argument("--idle-timeout", type=float, default=15.0,
                        help="end a call whose inbound audio stopped this many seconds ago")
@@ -161,7 +199,7 @@ def build_parser() -> PluginFlagsParser:
                        help="a WebRTC call whose network path is gone (ICE consent expired, "
                        "or nothing received for 3 s) waits this long for the caller to come "
                        "back or restart ICE before it ends with connection_lost (default 10)")
-    calls.add_argument("--jitter-buffer", type=int, default=1, metavar="PACKETS",
+    calls.add_argument("--jitter-buffer", type=whole_number(0), default=1, metavar="PACKETS",
                        help="receive jitter buffer depth in 20 ms packets before decoding "
                        "(aiortc: 4; default 1; 0 releases each packet on arrival and leaves "
                        "jitter to the caller FIFO after decoding; raise it on links that "
@@ -188,29 +226,31 @@ def build_parser() -> PluginFlagsParser:
                        help="stop recording (or never start) while the --record-dir file system "
                        "has less than MB free, checked every few seconds; the call goes on "
                        "(default 512; 0 = no floor)")
-    calls.add_argument("--max-voice-upload-bytes", type=int, default=0, metavar="BYTES",
+    calls.add_argument("--max-voice-upload-bytes", type=whole_number(0), default=0,
+                       metavar="BYTES",
                        help="take a voice recording uploaded with an offer (multipart field "
                        "'voice_audio', plugins with voice_upload) up to this size; 0 = refuse "
                        "uploads (default). 4000000 holds 60 s of 24 kHz 16-bit mono WAV")
     calls.add_argument("--ice-host", action="append", default=None, metavar="ADDR",
+                       type=ip_address,
                        help="gather ICE host candidates only on this address (repeatable; "
                        "default: every interface; 127.0.0.1 keeps calls on loopback)")
     parser.add_argument("--no-metrics", action="store_true",
                         help="serve no GET /metrics and skip its per-tick timing and event-loop "
                         "lag sampling (default: metrics on)")
-    parser.add_argument("--log-level", default="INFO",
+    parser.add_argument("--log-level", default="INFO", type=str.upper, choices=LOG_LEVELS,
                         help="DEBUG, INFO, WARNING or ERROR (default INFO; debug also shows "
                         "the traceback behind a start-up error)")
     json_log.add_arguments(parser)
     slow = parser.add_argument_group("slow clients")
     header_s, body_s = slow_clients.DEFAULT_HEADER_TIMEOUT, slow_clients.DEFAULT_BODY_TIMEOUT
-    slow.add_argument("--header-timeout", type=float, default=header_s, metavar="S",
+    slow.add_argument("--header-timeout", type=seconds, default=header_s, metavar="S",
                       help="close a new connection that has not sent a complete request head "
                       f"within S seconds (default {header_s:g}; 0 = none)")
-    slow.add_argument("--body-timeout", type=float, default=body_s, metavar="S",
+    slow.add_argument("--body-timeout", type=seconds, default=body_s, metavar="S",
                       help="answer 408 and close when a request body has not arrived within S "
                       f"seconds of its head (default {body_s:g}; 0 = none)")
-    slow.add_argument("--max-unauthenticated-per-address", type=int,
+    slow.add_argument("--max-unauthenticated-per-address", type=whole_number(0),
                       default=address_limit.DEFAULT_PER_ADDRESS, metavar="N",
                       help="close a new connection from an address that already holds N "
                       "connections with no authenticated request yet (default "
