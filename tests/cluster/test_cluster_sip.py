@@ -94,9 +94,13 @@ async def test_outbound_sip_calls_are_placed_counted_and_controlled_across_nodes
     target = {"to": f"sip:+15550100@127.0.0.1:{port}"}
     one = KEYS[0]
     async with aiohttp.ClientSession() as http:
-        # the registry says which node serves SIP
-        nodes = {n["node"]: n for n in other.health()["cluster"]["nodes"]}
-        assert nodes[sip_node.tag]["sip"] and not nodes[plain.tag]["sip"]
+        # the registry says which node serves SIP (each node's table catches up within a
+        # heartbeat of the others' first records)
+        def registry_says() -> bool:
+            nodes = {n["node"]: n for n in other.health()["cluster"]["nodes"]}
+            return bool(nodes[sip_node.tag]["sip"]) and not nodes[plain.tag]["sip"]
+
+        await asyncio.to_thread(wait_for, registry_says, 10, "the registry's sip flags")
         # placed at a node without SIP: made on the SIP node
         status, placed, headers = await send(http, "POST", other.url + "/v1/sip/calls", one,
                                              target)
