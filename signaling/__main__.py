@@ -341,6 +341,22 @@ def check_rtc_flags(args: argparse.Namespace) -> PortRange | None:
     return ports
 
 
+def check_record_dir(record_dir: str | None) -> None:
+    """`--record-dir` made if missing and writable, or one coded line (not a failed
+    recording on every call later)."""
+    if not record_dir:
+        return
+    folder = os.path.expanduser(record_dir)
+    try:
+        os.makedirs(folder, exist_ok=True)
+    except OSError as exc:
+        exit_with_error("record_dir_unwritable", f"--record-dir {record_dir}: "
+                        f"{exc.strerror or exc}")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        exit_with_error("record_dir_unwritable", f"--record-dir {record_dir}: cannot write "
+                        "there")
+
+
 def open_udp_mux(args: argparse.Namespace, workers: int) -> None:
     """`--rtc-udp-port`: bind the one port on every host address now (in use: a start-up
     error, not a failed call later) and put every call's host candidates on it."""
@@ -455,6 +471,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as exc:
         exit_with_error("tls_invalid", f"tls: {exc}", cause=exc)
     rtc_ports = check_rtc_flags(args)
+    check_record_dir(args.record_dir)
     webhook = call_webhook.settings_from_args(args)  # before any worker starts
     open_udp_mux(args, workers)
     try:
