@@ -11,7 +11,9 @@ The agent (echo plugin, defaults of --sip-message-rate, --sip-max-transactions,
 calls from 127.0.0.1 that play speech (espeak-ng, else speech-band noise) in a loop; their
 SDP points the agent's echo at a receiver here, which notes when each packet of each call
 arrives. Once the calls are up, a flooder process on 127.0.0.2 (core 1, beside sipp) sends
-each kind of message as fast as one Python process can, `--seconds` each: OPTIONS,
+each kind of message at `--rate` a second (0: as fast as one Python process can, but
+loopback then drops most in the kernel's backlog before the agent sees them: "read by
+agent" is what reached it), `--seconds` each: OPTIONS,
 REGISTER, MESSAGE, SUBSCRIBE, an unknown method, stray 200 responses, each request with a
 fresh Call-ID and branch (a new transaction, not a retransmission). Meanwhile /metrics/sip
 is read every 100 ms for the live server transaction count.
@@ -67,8 +69,9 @@ def flood_template(kind: str, sip_port: int, port: int) -> str:
             f"Content-Length: 0\r\n\r\n")
 
 
-def flood(kind: str, sip_port: int, seconds: float) -> dict[str, Any]:
-    """Send `kind` to the agent for `seconds` as fast as possible; count what came back."""
+def flood(kind: str, sip_port: int, seconds: float, rate: float) -> dict[str, Any]:
+    """Send `kind` to the agent for `seconds` at `rate` a second (0: as fast as possible);
+    count what came back."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     sock.bind((FLOODER, 0))
     sock.setblocking(False)
@@ -76,7 +79,8 @@ def flood(kind: str, sip_port: int, seconds: float) -> dict[str, Any]:
     target = (HOST, sip_port)
     statuses: Counter[str] = Counter()
     sent = blocked = 0
-    end = time.monotonic() + seconds
+    start = time.monotonic()
+    end = start + seconds
 
     def read() -> None:
         while True:
@@ -86,7 +90,11 @@ def flood(kind: str, sip_port: int, seconds: float) -> dict[str, Any]:
                 return
             statuses[data[8:11].decode(errors="replace")] += 1
 
-    while time.monotonic() < end:
+    while (now := time.monotonic()) < end:
+        if rate > 0 and sent >= (now - start) * rate:
+            read()
+            time.sleep(0.001)
+            continue
         for _ in range(64):
             try:
                 sock.sendto(template.replace("{n}", str(sent)).encode(), target)
@@ -263,7 +271,8 @@ def dropped(stats: dict[str, Any]) -> tuple[int, int]:
             int(budget.get("messages_dropped", 0)) + int(budget.get("over_cap_dropped", 0)))
 
 
-def run(calls: int, seconds: float, settle: float, limits: bool, rounds: int) -> None:
+def run(calls: int, seconds: float, settle: float, limits: bool, rounds: int,
+        rate: float) -> None:
     sipp = shutil.which("sipp")
     if sipp is None:
         raise SystemExit("sipp is missing (apt-get install sip-tester)")
@@ -292,7 +301,8 @@ def run(calls: int, seconds: float, settle: float, limits: bool, rounds: int) ->
             before = dropped(sip_stats(port))
             begun, cpu_begun = time.monotonic(), cpu_seconds(pid)
             out = subprocess.run(placed("1") + [
-                sys.executable, __file__, "_flood", kind, str(sip_port), str(seconds)],
+                sys.executable, __file__, "_flood", kind, str(sip_port), str(seconds),
+                str(rate)],
                 capture_output=True, text=True, check=True)
             ended, cpu_ended = time.monotonic(), cpu_seconds(pid)
             result = json.loads(out.stdout)
@@ -315,8 +325,8 @@ def run(calls: int, seconds: float, settle: float, limits: bool, rounds: int) ->
         rss_settled = rss_mib(pid)
         final = sip_stats(port)
     receiver.close()
-    print(f"\n{calls} live SIP echo calls (sipp, PCMU speech), flood from {FLOODER} for "
-          f"{seconds:g} s per kind; limits {'on (defaults)' if limits else 'off'}\n")
+    print(f"\n{calls} live SIP echo calls (sipp, PCMU speech), flood from {FLOODER} at "
+          f"{rate:g}/s for {seconds:g} s per kind; limits {'on (defaults)' if limits else 'off'}\n")
     print("| kind | sent/s | read by agent/s | answered/s (status: count) | dropped unanswered "
           "by agent | peak live server transactions | agent CPU | calls' worst echo gap (ms) |")
     print("|---|---:|---:|---|---:|---:|---:|---:|")
@@ -342,19 +352,22 @@ def run(calls: int, seconds: float, settle: float, limits: bool, rounds: int) ->
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "_flood":
         kind, sip_port, seconds = sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
-        print(json.dumps(flood(kind, sip_port, seconds)))
+        print(json.dumps(flood(kind, sip_port, seconds, float(sys.argv[5]))))
         return
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--calls", type=int, default=20)
     parser.add_argument("--seconds", type=float, default=3.0, help="flood time per kind")
     parser.add_argument("--settle", type=float, default=60.0,
                         help="seconds after the flood for the last RSS reading")
+    parser.add_argument("--rate", type=float, default=20000,
+                        help="messages a second the flooder sends (0: as fast as it can; "
+                        "loopback then drops most of them in the kernel, before the agent)")
     parser.add_argument("--rounds", type=int, default=1,
                         help="floods of every kind in a row (RSS after each: no growth)")
     parser.add_argument("--limits", choices=("on", "off"), default="on",
                         help="off: --sip-message-rate 0 --sip-max-transactions 0 (as before)")
     args = parser.parse_args()
-    run(args.calls, args.seconds, args.settle, args.limits == "on", args.rounds)
+    run(args.calls, args.seconds, args.settle, args.limits == "on", args.rounds, args.rate)
 
 
 if __name__ == "__main__":
