@@ -3,9 +3,16 @@
 Due times are computed as anchor + n * period (never by adding periods up), so an hour of
 pacing lands on the same sample as the first minute. After a stall (a busy event loop, a
 suspended process) the pacer re-anchors instead of bursting the missed packets out.
+
+A pacer that times itself (`wait_next`) takes its phase from the audio it sends: it starts,
+and restarts after a stall, on the grid of `phase_hint` (just after the ticker's answers
+land, set by playout.py), and `advance` moves it earlier when the answers land earlier than
+that. One driven by a shared clock (`take_due`) keeps that clock's phase.
 """
 
 from __future__ import annotations
+
+import math
 
 from agent.audio.clock import Clock
 
@@ -25,6 +32,10 @@ class Pacer:
         self.reanchors = 0
         self.late_sends = 0  # packets released more than HOLE_SECONDS after the one before
         self._released_at: float | None = None
+        # A time on the grid the sends should keep (where audio lands); None: no preference.
+        self.phase_hint: float | None = None
+        self.advanced_seconds = 0.0  # how far `advance` moved the timeline, in all
+        self._driven = False  # paced by a shared clock's ticks (take_due): its phase is fixed
 
     def take_due(self, tick_at: float, now: float) -> int:
         """Pacing driven from outside (a shared clock calling on the sender's phase every
@@ -32,6 +43,7 @@ class Pacer:
         `tick_at` (normally 1; 0 before the first is due), read at `now`. The timeline starts
         at the first tick; when it has fallen behind by more than `max_lateness` it restarts
         at this tick rather than bursting the missed packets out."""
+        self._driven = True
         due = self._next_due_at(now, restart_at=tick_at)
         if due > tick_at + _SAME_TICK:
             return 0
@@ -43,9 +55,25 @@ class Pacer:
     async def wait_next(self) -> None:
         """Sleep until the next packet is due."""
         now = self.clock.now()
-        await self.clock.sleep_until(self._next_due_at(now, restart_at=now))
+        await self.clock.sleep_until(self._next_due_at(now, restart_at=self._on_phase(now)))
         self._note_release(self.clock.now())
         self._index += 1
+
+    def advance(self, seconds: float) -> bool:
+        """Move the timeline `seconds` earlier (sends closer to when their audio lands); False
+        where it does not move: not started yet, or paced by a shared clock."""
+        if self._anchor is None or self._driven or seconds <= 0:
+            return False
+        self._anchor -= seconds
+        self.advanced_seconds += seconds
+        return True
+
+    def _on_phase(self, now: float) -> float:
+        """The first time from `now` on `phase_hint`'s grid (`now` without a hint)."""
+        hint = self.phase_hint
+        if hint is None:
+            return now
+        return hint + math.ceil((now - hint) / self.period - _SAME_TICK) * self.period
 
     def _next_due_at(self, now: float, restart_at: float) -> float:
         """When the next packet is due; the timeline starts (or, fallen behind by more than

@@ -6,6 +6,11 @@ delay for good. So the buffer records how long each new output waits before its 
 sample is sent, and drops the whole 20 ms chunks of wait that no output in a window needed
 (standing_backlog.py), keeping up to one 80 ms model frame as a cushion for a while after an
 underrun. Only silent audio is ever dropped: the agent's pauses, not its words.
+
+The wait of less than a packet that is left, from the moment an output lands to the next
+send, is given back by moving the sends instead (send_phase.py, `Pacer.advance`), and a
+pacer starting or restarting after a stall starts on the landing outputs' phase: every call
+sends its answer just after the tick that made it, whatever moment the call started at.
 """
 
 from __future__ import annotations
@@ -14,11 +19,16 @@ import numpy as np
 
 from agent.audio.pacer import Pacer
 from agent.audio.sample_fifo import SampleFifo
+from agent.audio.send_phase import SendPhase
 from agent.audio.standing_backlog import StandingBacklog
 
 TRIM_WINDOW_PUSHES = 25  # 2 s of 80 ms outputs
 TRIM_HOLD_PUSHES = 125  # 10 s with a cushion after an underrun
 HOLD_CUSHION_SECONDS = 0.08  # the most kept as a cushion: one 80 ms model frame
+# Kept between an output's landing and the send that carries its first samples: the event
+# loop's and the step's jitter from one output to the next, beyond what a window saw.
+PHASE_GUARD_SECONDS = 0.004
+PHASE_FIRST_PUSHES = 4  # the first alignment, 320 ms of outputs into the call
 SILENCE_PEAK = 10 ** (-50 / 20)  # about -50 dBFS: quieter audio may be dropped unheard
 
 
@@ -31,6 +41,8 @@ class PlayoutBuffer(SampleFifo):
         self._pacer: Pacer | None = None
         self._sample_rate = 0
         self._backlog: StandingBacklog | None = None
+        self._phase: SendPhase | None = None
+        self.phase_moved_samples = 0  # how far the sends were moved earlier, in all
         self._primed = False  # an output arrived since the start or the last clear
         self._pending_trim = 0
 
@@ -38,10 +50,13 @@ class PlayoutBuffer(SampleFifo):
         """Trim against this pacer's send times (without one the buffer never trims)."""
         self._pacer = pacer
         self._sample_rate = sample_rate
+        granule = round(pacer.period * sample_rate)
         self._backlog = StandingBacklog(
-            TRIM_WINDOW_PUSHES, TRIM_HOLD_PUSHES, granule=round(pacer.period * sample_rate),
+            TRIM_WINDOW_PUSHES, TRIM_HOLD_PUSHES, granule=granule,
             cushion=int(HOLD_CUSHION_SECONDS * sample_rate),
         )
+        self._phase = SendPhase(granule, round(PHASE_GUARD_SECONDS * sample_rate),
+                                PHASE_FIRST_PUSHES, TRIM_WINDOW_PUSHES)
 
     @property
     def holding_cushion(self) -> bool:
@@ -51,6 +66,9 @@ class PlayoutBuffer(SampleFifo):
     def push(self, samples: np.ndarray) -> None:
         if len(samples) == 0:
             return
+        if self._pacer is not None:
+            # Where a pacer that starts (or restarts after a stall) puts its first send.
+            self._pacer.phase_hint = self._pacer.clock.now() + PHASE_GUARD_SECONDS
         self._observe_wait()
         super().push(samples)
         self._primed = True
@@ -69,17 +87,25 @@ class PlayoutBuffer(SampleFifo):
         self._pending_trim = 0
         if self._backlog is not None:
             self._backlog.restart_window()
+        if self._phase is not None:
+            self._phase.restart()
         return super().clear()
 
     def _observe_wait(self) -> None:
         """Before a push: samples of wait ahead of it (queued audio + time to the next send)."""
-        pacer, backlog = self._pacer, self._backlog
-        if pacer is None or backlog is None or not self._primed or pacer.next_due is None:
+        pacer, backlog, phase = self._pacer, self._backlog, self._phase
+        if (pacer is None or backlog is None or phase is None or not self._primed
+                or pacer.next_due is None):
             return
         lead = max(0.0, pacer.next_due - pacer.clock.now())
-        excess = backlog.observe(self.buffered_samples + int(lead * self._sample_rate))
+        waiting = self.buffered_samples + int(lead * self._sample_rate)
+        excess = backlog.observe(waiting)
         if excess:
             self._pending_trim = excess
+        spare = phase.observe(waiting)
+        # Not while a cushion is kept: the wait is there on purpose after a late output.
+        if spare and not backlog.holding and pacer.advance(spare / self._sample_rate):
+            self.phase_moved_samples += spare
 
     def _trim_if_silent(self) -> None:
         count = self._pending_trim

@@ -54,29 +54,29 @@ async def test_delay_of_a_late_output_is_given_back_in_silence_after_the_hold() 
     late = 10
     playout, ahead = await play(late + TRIM_HOLD_PUSHES + 3 * TRIM_WINDOW_PUSHES,
                                 (late, 0.05), level=0.0)
-    # 50 ms late (the slot before it had 19 ms to spare): two chunks went out as silence,
-    # and everything after queues 40 ms more ...
-    assert ahead[late + 1] == 2 * CHUNK
+    # 50 ms late (the sends keep only the 4 ms guard after each landing, see send_phase.py):
+    # three chunks went out as silence, and everything after queues 60 ms more ...
+    assert ahead[late + 1] == 3 * CHUNK
     # ... which is kept through the hold (less than the 80 ms cushion), then dropped.
-    assert ahead[late + TRIM_HOLD_PUSHES - TRIM_WINDOW_PUSHES] == 2 * CHUNK
-    assert playout.trimmed_samples == 2 * CHUNK
+    assert ahead[late + TRIM_HOLD_PUSHES - TRIM_WINDOW_PUSHES] == 3 * CHUNK
+    assert playout.trimmed_samples == 3 * CHUNK
     assert ahead[-1] == 0
 
 
 async def test_a_long_stall_keeps_only_one_frame_of_cushion_during_the_hold() -> None:
     late = 10
     playout, ahead = await play(late + 3 * TRIM_WINDOW_PUSHES, (late, 0.25), level=0.0)
-    # A 250 ms stall: twelve chunks of silence; within two windows all but 80 ms is dropped.
-    assert ahead[late + 4] == 12 * CHUNK
+    # A 250 ms stall: thirteen chunks of silence; within two windows all but 80 ms is dropped.
+    assert ahead[late + 4] == 13 * CHUNK
     assert ahead[-1] == FRAME
-    assert playout.trimmed_samples == 12 * CHUNK - FRAME
+    assert playout.trimmed_samples == 13 * CHUNK - FRAME
 
 
 async def test_speech_is_never_dropped() -> None:
     playout, ahead = await play(10 + TRIM_HOLD_PUSHES + 3 * TRIM_WINDOW_PUSHES, (10, 0.05),
                                 level=0.5)
     assert playout.trimmed_samples == 0
-    assert ahead[-1] == 2 * CHUNK
+    assert ahead[-1] == 3 * CHUNK
 
 
 async def test_clear_forgets_the_window_and_underruns_after_it_earn_no_hold() -> None:
