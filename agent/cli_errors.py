@@ -52,14 +52,16 @@ def program_name(module_form: str, script: str | None = None) -> str:
     return module_form
 
 
-def closest_flag(parser: argparse.ArgumentParser, message: str) -> str | None:
-    """The known flag nearest to an unknown one named in argparse's `message`."""
+def closest_flag(parser: argparse.ArgumentParser, message: str,
+                 cutoff: float = 0.6) -> str | None:
+    """The known flag nearest to an unknown one named in argparse's `message` (difflib's
+    similarity at least `cutoff`)."""
     known = [flag for flag in parser._option_string_actions if flag.startswith("--")]
     words = message.split(":", 1)[-1].split()
     for word in words:
         if not word.startswith("-") or word in known:
             continue
-        near = difflib.get_close_matches(word.split("=", 1)[0], known, n=1, cutoff=0.6)
+        near = difflib.get_close_matches(word.split("=", 1)[0], known, n=1, cutoff=cutoff)
         if near:
             return near[0]
     return None
@@ -72,12 +74,15 @@ class CliParser(argparse.ArgumentParser):
 
     set_by: dict[str, str]  # flag -> the environment variable that gave its value
 
+    def unknown_flag_hint(self, message: str, cutoff: float = 0.6) -> str:
+        """What to add to argparse's "unrecognized arguments: ..." line: the closest flag."""
+        near = closest_flag(self, message, cutoff)
+        return "" if near is None else f" (did you mean {near}?)"
+
     def error(self, message: str) -> NoReturn:
         hint = ""
         if message.startswith("unrecognized arguments"):
-            near = closest_flag(self, message)
-            if near is not None:
-                hint = f" (did you mean {near}?)"
+            hint = self.unknown_flag_hint(message)
         flag = message.split(":", 1)[0].removeprefix("argument ").split("/")[-1]
         variable = getattr(self, "set_by", {}).get(flag)
         if variable is not None:

@@ -16,9 +16,13 @@ from typing import Any
 from agent.cli_errors import CliParser, exit_with_error
 from agent.errors import AgentError
 from agent.plugins.base import MODEL_FLAGS, Plugin, PluginFlag
-from agent.plugins.registry import plugin_class
+from agent.plugins.registry import available_plugins, plugin_class
 
 DEFAULT_PLUGIN = "echo"
+# difflib's similarity above which an unknown flag is taken for a typo of a known one
+# (--prot: --port 0.83); below it, another plugin's flag is looked for first (--upstream-kind
+# is moshi-server's, not a typo of --upstream at 0.80).
+TYPO_SIMILARITY = 0.82
 
 
 def selected_plugin(argv: Sequence[str]) -> str:
@@ -71,6 +75,21 @@ class PluginFlagsParser(CliParser):
         argv = list(sys.argv[1:] if args is None else args)
         self.add_plugin_flags(selected_plugin(argv))
         return super().parse_known_args(argv, namespace)
+
+    def unknown_flag_hint(self, message: str, cutoff: float = 0.6) -> str:
+        """A near miss of a known flag (a typo); else the plugins that own the unknown flag
+        (looked up only now: finding them imports every plugin); else the closest flag."""
+        typo = super().unknown_flag_hint(message, TYPO_SIMILARITY)
+        if typo:
+            return typo
+        words = [word.split("=", 1)[0] for word in message.split(":", 1)[-1].split()]
+        for word in (w for w in words if w.startswith("--")):
+            owners = [name for name in available_plugins()
+                      if any(flag.name == word for flag in flags_of(name))]
+            if owners:
+                return (f" ({word} is an option of the {', '.join(owners)} plugin"
+                        f"{'s' if len(owners) > 1 else ''}: add --plugin {owners[0]})")
+        return super().unknown_flag_hint(message, cutoff)
 
     def add_plugin_flags(self, name: str) -> None:
         flags = [flag for flag in flags_of(name) if flag.dest not in self._declared]

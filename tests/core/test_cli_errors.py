@@ -101,7 +101,10 @@ def test_a_start_up_mistake_is_one_coded_line_and_exit_2(
     (["--ice-host", "999.1.1.1"], "bad_argument", "expected an IP address, not '999.1.1.1'"),
     (["--record-dir", "/proc/no-such-folder"], "record_dir_unwritable",
      "--record-dir /proc/no-such-folder: No such file or directory"),
-    (["--sampling", "greedy"], "bad_argument", "unrecognized arguments: --sampling greedy"),
+    (["--sampling", "greedy"], "bad_argument", "unrecognized arguments: --sampling greedy "
+     "(--sampling is an option of the moshi, personaplex plugins: add --plugin moshi)"),
+    (["--upstream-kind", "kyutai"], "bad_argument",
+     "(--upstream-kind is an option of the moshi-server plugin: add --plugin moshi-server)"),
     (["--upstream", "ws://127.0.0.1:9/x"], "flag_not_for_plugin",
      "--upstream is not an option of the echo plugin (it takes none of the model flags)"),
     (["--plugin", "vllm-omni", "--upstream", "ws://127.0.0.1:9/x", "--device", "cuda"],
