@@ -213,6 +213,9 @@ class InboundTicks:
         common duration counts: a stream's odd last packet or one short packet says nothing."""
         if samples <= 0:
             return
+        if samples == self.packet_samples:  # the usual packet: still the most common one
+            self._size_counts[samples] += 1
+            return
         if samples in self._size_counts or len(self._size_counts) < 32:
             self._size_counts[samples] = self._size_counts.get(samples, 0) + 1
         typical = max(self._size_counts, key=self._size_counts.__getitem__)
@@ -227,6 +230,14 @@ class InboundTicks:
     def tick(self, decode: Callable[[bytes], np.ndarray]) -> np.ndarray | None:
         """This tick's samples, or None while nothing is playing. A tick that runs out mid-way
         (an underrun) returns what there was."""
+        if not len(self._pending):  # as a rule: one packet of one tick, played as it is
+            play, payload = self.buffer.pop()
+            if not play:
+                return None
+            pcm = self.concealer.fill(decode(payload) if payload is not None else None)
+            if len(pcm) == self.chunk_samples:
+                return pcm
+            self._pending = pcm
         while len(self._pending) < self.chunk_samples:
             play, payload = self.buffer.pop()
             if not play:
