@@ -5,6 +5,13 @@ shared listening sockets (the server's TLS, if any) and its private unix socket,
 other workers forward what it owns with aiohttp's unix-socket client, which speaks no TLS.
 So the sites are made here, each with its own context, from aiohttp's public runner API; the
 loop's life (stop on GracefulExit or Ctrl-C, cancel what is left, close) is as in run_app.
+
+The private socket starts first (the supervisor starts the other workers once the first one's
+answers), and the public ones after `BEFORE_PUBLIC_KEY`'s wait, if the app has one: the first
+worker waits there for the others (worker_routing.py), so that it takes no call on the
+public port while a worker still starting takes a core from it (on a 2-core machine the
+first call after start-up had gaps of up to 96 ms); what connects meanwhile waits in the
+listen backlog or is served by a worker already up.
 """
 
 from __future__ import annotations
@@ -13,7 +20,7 @@ import asyncio
 import os
 import socket
 import ssl
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from contextlib import suppress
 from dataclasses import dataclass
 
@@ -23,6 +30,8 @@ from aiohttp.web_runner import GracefulExit
 # Set by whatever must serve connections it did not accept itself (worker_handoff.py):
 # called with the runner's low-level server before the sites start.
 SERVER_HOOK_KEY = web.AppKey[Callable[[web.Server], None]]("low_level_server_hook")
+# Awaited after the private socket and before the public ones start (worker_routing.py).
+BEFORE_PUBLIC_KEY = web.AppKey[Callable[[], Awaitable[None]]]("before_public_sites")
 
 
 @dataclass(frozen=True)
@@ -53,12 +62,20 @@ async def _serve(app: web.Application, listeners: Listeners, tls: ssl.SSLContext
         server_hook = app.get(SERVER_HOOK_KEY)
         if server_hook is not None and runner.server is not None:
             server_hook(runner.server)
-        for site in listeners.sites(runner, tls):
-            await site.start()
+        sites = listeners.sites(runner, tls)
+        for site in sites:
+            if isinstance(site, web.UnixSite):
+                await site.start()
         if listeners.private_path is not None:
             # A way in past the public port's limits: this user only (the folder may be
             # one others can enter, e.g. --worker-dir /tmp).
             os.chmod(listeners.private_path, 0o600)
+        before_public = app.get(BEFORE_PUBLIC_KEY)
+        if before_public is not None:
+            await before_public()
+        for site in sites:
+            if not isinstance(site, web.UnixSite):
+                await site.start()
         on_listening()
         await asyncio.Event().wait()  # until a signal's GracefulExit ends the loop
     finally:

@@ -21,6 +21,7 @@ that worker, the one it is forwarded to), and every body read here has the
 from __future__ import annotations
 
 import asyncio
+import logging
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
@@ -45,6 +46,7 @@ from signaling.calls import CALLS_PATH
 from signaling.cors import with_cors_headers
 from signaling.errors import ApiError, error_response, json_error
 from signaling.keys import AGENT_KEY
+from signaling.serving import BEFORE_PUBLIC_KEY
 from signaling.sip.outbound_api import SIP_CALLS_PATH
 from signaling.slow_clients import read_body_in_time
 from signaling.telephony import RTP_PATH, TELEPHONY_KEY, with_url_token
@@ -60,6 +62,8 @@ from signaling.workers.channel import (
 from signaling.workers.load import WorkerLoads
 from signaling.workers.supervisor import worker_socket_path
 from signaling.workers.views import merge_calls, merge_health, merge_metrics
+
+log = logging.getLogger(__name__)
 
 OWNED_PATHS = (re.compile(rf"^{CALLS_PATH}/([^/]+)(?:/hangup|/refer|/accept|/reject|/dtmf)?$"),
                re.compile(rf"^{RTP_PATH}/([^/]+)$"),
@@ -357,6 +361,35 @@ async def _load_publisher(app: web.Application) -> AsyncIterator[None]:
     await asyncio.gather(task, return_exceptions=True)
 
 
+# How long the first worker waits for the others before it serves the public sockets anyway
+# (a worker that cannot start is the supervisor's to restart; calls must not wait on it).
+OTHERS_READY_TIMEOUT = 60.0
+
+
+async def wait_for_the_other_workers(group: WorkerGroup,
+                                     timeout: float = OTHERS_READY_TIMEOUT) -> None:
+    """Until every other worker answers on its private socket (the supervisor starts them
+    once this one's answers). The first worker waits here before its public sockets: a call
+    admitted while another worker still starts (imports, plugin, a full GC pass) shares the
+    cores with that start-up; on a 2-core machine the first SIP call after start-up had gaps
+    of up to 96 ms."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    waiting = [group.socket_path(index) for index in group.others()]
+    while waiting and loop.time() < deadline:
+        path = waiting[0]
+        try:
+            _, writer = await asyncio.open_unix_connection(str(path))
+        except OSError:
+            await asyncio.sleep(0.05)
+            continue
+        writer.close()
+        waiting.pop(0)
+    if waiting:
+        log.warning("workers %s not serving after %.0f s: serving without them",
+                    ", ".join(path.stem for path in waiting), timeout)
+
+
 def install(app: web.Application, group: WorkerGroup) -> None:
     """Route by owner before CORS, auth and limits, which the owner applies (outside the
     CORS middleware, so a relayed answer carries the owner's CORS headers only)."""
@@ -366,5 +399,7 @@ def install(app: web.Application, group: WorkerGroup) -> None:
     app[LOADS_KEY] = WorkerLoads(group.folder, group.index, group.count,
                                  held=lambda: app[AGENT_KEY].legs.held_slots)
     app.middlewares.insert(0, worker_routing_middleware)
+    if group.index == 0 and group.count > 1:
+        app[BEFORE_PUBLIC_KEY] = lambda: wait_for_the_other_workers(group)
     app.cleanup_ctx.append(_load_publisher)
     app.on_cleanup.append(_close_loads)

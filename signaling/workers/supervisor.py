@@ -161,6 +161,9 @@ class Supervisor:
         for index in range(1, self.count):
             if not self.stopping:
                 self.spawn(index)
+        for index in range(1, self.count):  # (worker 0 serves its public sockets after this)
+            if index in self.workers and not self.stopping:
+                self.wait_ready(index)  # one that ended is restarted below
         log.info("%d workers serving (pids %s)", self.count,
                  ", ".join(str(w.pid) for w in self.workers.values()))
         while self.workers:
