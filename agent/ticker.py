@@ -47,6 +47,9 @@ class SlotCounters:
     padded: int = 0  # ticks whose frame was completed with silence (late audio)
     dropped_overflow_samples: int = 0
     dropped_backlog_samples: int = 0
+    # How long the last whole frame was complete before the tick that took it (ms; -1: the
+    # last frame was not whole): the framing's part of the round trip beyond the 80 ms.
+    last_tick_wait_ms: float = -1.0
 
     def to_dict(self) -> dict[str, int]:
         return dict(self.__dict__)
@@ -83,8 +86,11 @@ class PluginSlot:
         inbound_capacity_frames: int,
         on_output: OutputHandler,
         on_error: ErrorHandler | None,
+        clock: Clock | None = None,
     ) -> None:
         self.plugin_session = plugin_session
+        self.clock = clock or MonotonicClock()
+        self._completed_at: float | None = None  # when the queue last reached a whole frame
         self.frame_size = frame_size
         self.inbound = SampleFifo(frame_size * inbound_capacity_frames)
         self.backlog = StandingBacklog(
@@ -104,7 +110,10 @@ class PluginSlot:
     def push(self, samples: np.ndarray) -> None:
         """Queue caller audio at the plugin's rate, any length (event loop)."""
         self.counters.chunks_in += 1
+        short = self.inbound.buffered_samples < self.frame_size
         self.inbound.push(samples)
+        if short and self.inbound.buffered_samples >= self.frame_size:
+            self._completed_at = self.clock.now()
         self.counters.dropped_overflow_samples = self.inbound.dropped_samples
 
     def take(self, silence: np.ndarray) -> np.ndarray:
@@ -123,10 +132,17 @@ class PluginSlot:
         else:
             frame = audio
         self._flowing = audio is not None and len(audio) == self.frame_size
+        completed, self._completed_at = self._completed_at, None
+        now = self.clock.now()
+        self.counters.last_tick_wait_ms = (
+            round((now - completed) * 1000, 2) if self._flowing and completed is not None
+            else -1.0)
         excess = self.backlog.observe(self.inbound.buffered_samples)
         if excess:
             self.inbound.discard(excess)
             self.counters.dropped_backlog_samples += excess
+        if self.inbound.buffered_samples >= self.frame_size:  # the next one is whole already
+            self._completed_at = now
         return frame
 
 
@@ -172,7 +188,8 @@ class Ticker:
             raise PluginError("shutting_down", "the server is shutting down", status=503)
         plugin_session = await self._in_worker(self.plugin.create_session, config)
         slot = PluginSlot(
-            plugin_session, self.frame_size, self.inbound_capacity, on_output, on_error
+            plugin_session, self.frame_size, self.inbound_capacity, on_output, on_error,
+            self.clock,
         )
         self.slots.append(slot)
         self.start()

@@ -43,6 +43,9 @@ class PlayoutBuffer(SampleFifo):
         self._backlog: StandingBacklog | None = None
         self._phase: SendPhase | None = None
         self.phase_moved_samples = 0  # how far the sends were moved earlier, in all
+        # The last output's wait for the send of its first sample (queued audio + the time to
+        # the next send), in samples; None before the pacer started.
+        self.last_wait_samples: int | None = None
         self._primed = False  # an output arrived since the start or the last clear
         self._pending_trim = 0
 
@@ -99,12 +102,14 @@ class PlayoutBuffer(SampleFifo):
             return
         lead = max(0.0, pacer.next_due - pacer.clock.now())
         waiting = self.buffered_samples + int(lead * self._sample_rate)
+        self.last_wait_samples = waiting
         excess = backlog.observe(waiting)
         if excess:
             self._pending_trim = excess
+        # Every output of the window keeps at least the guard after the move: a cushion kept
+        # after a late output is whole packets, and stays (so does the wait it gave that one).
         spare = phase.observe(waiting)
-        # Not while a cushion is kept: the wait is there on purpose after a late output.
-        if spare and not backlog.holding and pacer.advance(spare / self._sample_rate):
+        if spare and pacer.advance(spare / self._sample_rate):
             self.phase_moved_samples += spare
 
     def _trim_if_silent(self) -> None:

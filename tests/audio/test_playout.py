@@ -66,10 +66,13 @@ async def test_delay_of_a_late_output_is_given_back_in_silence_after_the_hold() 
 async def test_a_long_stall_keeps_only_one_frame_of_cushion_during_the_hold() -> None:
     late = 10
     playout, ahead = await play(late + 3 * TRIM_WINDOW_PUSHES, (late, 0.25), level=0.0)
-    # A 250 ms stall: thirteen chunks of silence; within two windows all but 80 ms is dropped.
+    # A 250 ms stall: thirteen chunks of silence; within two windows all but 80 ms is given
+    # back: dropped, or (a chunk, in parts of one) sent earlier as the sends moved to the
+    # outputs' phase again (beyond the 15 ms of the first alignment, 1 ms after each slot).
     assert ahead[late + 4] == 13 * CHUNK
     assert ahead[-1] == FRAME
-    assert playout.trimmed_samples == 13 * CHUNK - FRAME
+    assert playout.trimmed_samples == 12 * CHUNK - FRAME
+    assert playout.phase_moved_samples == 15 + CHUNK
 
 
 async def test_speech_is_never_dropped() -> None:

@@ -82,11 +82,16 @@ async def test_every_start_phase_sends_each_answer_just_after_it_lands(
 async def test_answers_landing_earlier_move_the_sends_with_them() -> None:
     """After a change of the step time (or a ticker restart) the next window follows it;
     answers landing later than the guard allows are the standing backlog's (a cushion)."""
-    phase = SendPhase(granule=PACKET, guard=96, first_window=2, window=3)
+    phase = SendPhase(granule=PACKET, guard=96, first_window=2, window=4)
     assert phase.observe(300) == 0
-    assert phase.observe(250) == 250 - 96
-    assert [phase.observe(w) for w in (96 + 40, 96 + 30, 96 + 50)] == [0, 0, 30]
-    assert [phase.observe(w) for w in (PACKET + 100, PACKET + 96, 2 * PACKET)] == [0, 0, 0]
+    assert phase.observe(250) == 250 - 96  # short windows for the first four answers
+    assert [phase.observe(w) for w in (96 + 40, 96 + 30)] == [0, 30]
+    assert [phase.observe(w) for w in (96, 96 + 40, 96 + 30, 96 + 50)] == [0, 0, 0, 0]
+    # Whole packets of wait are the standing backlog's: only the part of a packet counts.
+    assert [phase.observe(w) for w in (PACKET + 100, PACKET + 96, 2 * PACKET + 110, 500)] == [
+        0, 0, 0, 0]
+    assert [phase.observe(w) for w in (PACKET + 130, 2 * PACKET + 120, 300, 200)] == [
+        0, 0, 0, 200 - 96]
 
 
 @pytest.mark.parametrize("arrival_phase_ms", START_PHASES_MS)
@@ -95,17 +100,22 @@ async def test_each_frame_is_complete_less_than_a_packet_before_its_tick(
     """Caller packets arriving at any phase of the tick: after the call's first (partial)
     frame, every frame's last packet came less than a packet before the tick, and nothing
     whole waits beyond it."""
-    slot = PluginSlot(None, FRAME, 3, lambda output: None, None)  # type: ignore[arg-type]
+    clock = FakeClock(start=TICK0)
+    slot = PluginSlot(None, FRAME, 3, lambda output: None, None,  # type: ignore[arg-type]
+                      clock)
     silence = np.zeros(FRAME, dtype=np.float32)
     arrivals = [TICK0 + 0.0123 + arrival_phase_ms / 1000 + 0.02 * n for n in range(60)]
     last_push = 0.0
     for tick in range(1, 14):
         tick_at = TICK0 + tick * PERIOD
         while arrivals and arrivals[0] < tick_at:
-            last_push = arrivals.pop(0)
+            clock.time = last_push = arrivals.pop(0)
             slot.push(np.full(PACKET, 0.1, dtype=np.float32))
+        clock.time = tick_at
         slot.take(silence)
         if tick > 1:
             assert 0 < tick_at - last_push < 0.02
             assert slot.inbound.buffered_samples == 0
+            assert slot.counters.last_tick_wait_ms == pytest.approx(
+                (tick_at - last_push) * 1000, abs=0.01)
     assert slot.counters.padded <= 1
