@@ -6,12 +6,14 @@ other workers forward what it owns with aiohttp's unix-socket client, which spea
 So the sites are made here, each with its own context, from aiohttp's public runner API; the
 loop's life (stop on GracefulExit or Ctrl-C, cancel what is left, close) is as in run_app.
 
-The private socket starts first (the supervisor starts the other workers once the first one's
-answers), and the public ones after `BEFORE_PUBLIC_KEY`'s wait, if the app has one: the first
-worker waits there for the others (worker_routing.py), so that it takes no call on the
-public port while a worker still starting takes a core from it (on a 2-core machine the
-first call after start-up had gaps of up to 96 ms); what connects meanwhile waits in the
-listen backlog or is served by a worker already up.
+The first worker of several starts its private socket first (the supervisor starts the others
+once it answers), then waits (`BEFORE_PUBLIC_KEY`, worker_routing.py) until each other worker
+answers on its private socket, which they start last, after they serve the public port and
+have said so; only then does it start the public sockets. It waits there so that it takes no
+call on the public port while a worker still starting takes a core from it (on a 2-core
+machine the first call after start-up had gaps of up to 96 ms); what connects meanwhile waits
+in the listen backlog or is served by a worker already up. Its SIP calls (sip/ua.py) ring
+until then.
 """
 
 from __future__ import annotations
@@ -32,6 +34,8 @@ from aiohttp.web_runner import GracefulExit
 SERVER_HOOK_KEY = web.AppKey[Callable[[web.Server], None]]("low_level_server_hook")
 # Awaited after the private socket and before the public ones start (worker_routing.py).
 BEFORE_PUBLIC_KEY = web.AppKey[Callable[[], Awaitable[None]]]("before_public_sites")
+# Set once every worker serves, where someone waits for that (SIP calls: sip/service.py).
+ALL_SERVING_KEY = web.AppKey("all_workers_serving", asyncio.Event)
 
 
 @dataclass(frozen=True)
@@ -63,23 +67,30 @@ async def _serve(app: web.Application, listeners: Listeners, tls: ssl.SSLContext
         if server_hook is not None and runner.server is not None:
             server_hook(runner.server)
         sites = listeners.sites(runner, tls)
-        for site in sites:
-            if isinstance(site, web.UnixSite):
-                await site.start()
-        if listeners.private_path is not None:
-            # A way in past the public port's limits: this user only (the folder may be
-            # one others can enter, e.g. --worker-dir /tmp).
-            os.chmod(listeners.private_path, 0o600)
+        private = [site for site in sites if isinstance(site, web.UnixSite)]
+        public = [site for site in sites if not isinstance(site, web.UnixSite)]
         before_public = app.get(BEFORE_PUBLIC_KEY)
-        if before_public is not None:
+        if before_public is not None:  # worker 0 of several: its private socket first
+            await _start_private(private, listeners)
             await before_public()
-        for site in sites:
-            if not isinstance(site, web.UnixSite):
-                await site.start()
+        for site in public:
+            await site.start()
         on_listening()
+        if before_public is None:
+            # Another worker's answer here tells worker 0 this one serves (and has said so).
+            await _start_private(private, listeners)
         await asyncio.Event().wait()  # until a signal's GracefulExit ends the loop
     finally:
         await runner.cleanup()
+
+
+async def _start_private(sites: list[web.UnixSite], listeners: Listeners) -> None:
+    for site in sites:
+        await site.start()
+    if listeners.private_path is not None:
+        # A way in past the public port's limits: this user only (the folder may be
+        # one others can enter, e.g. --worker-dir /tmp).
+        os.chmod(listeners.private_path, 0o600)
 
 
 def serve(app: web.Application, listeners: Listeners, tls: ssl.SSLContext | None,

@@ -18,6 +18,7 @@ from aiohttp import web
 from agent.cli_errors import CliError, exit_with_error
 from signaling.call_limit import add_pending_calls
 from signaling.keys import AGENT_KEY
+from signaling.serving import ALL_SERVING_KEY
 from signaling.sip.api import install_routes
 from signaling.sip.config import SipConfig, config_from_args
 from signaling.sip.outbound import Dialer
@@ -51,6 +52,8 @@ def install(app: web.Application, config: SipConfig) -> SipService:
     async def lifetime(app: web.Application) -> AsyncIterator[None]:
         telephony = app.get(TELEPHONY_KEY) or TelephonyConfig()
         ua = UserAgent(app[AGENT_KEY], config, telephony.rtp)
+        # Worker 0 of several: an INVITE rings until every worker serves (serving.py).
+        ua.admitting = app.get(ALL_SERVING_KEY)
         try:
             await ua.start()
         except OSError as exc:

@@ -7,8 +7,9 @@ dropped), a retransmission is absorbed by its transaction (transaction.py). Then
 - INVITE (new): 100 Trying at once; 503 while the plugin is not up, the server drains or is
   full; 415/488 for an offer the agent cannot serve (no codec it speaks, a media address
   outside `--rtp-allow`, RTP/SAVP without a usable key: sdes.py); no SDP at all is a late
-  offer (update.py: our offer in the 200, the answer in the ACK); otherwise 180 Ringing, an
-  RTP leg opened through the media agent's admission (media.py), and 200 OK with the SDP
+  offer (update.py: our offer in the 200, the answer in the ACK); otherwise 180 Ringing
+  (ringing on, at start-up, until every worker serves: serving.py), an RTP leg opened
+  through the media agent's admission (media.py), and 200 OK with the SDP
   answer, retransmitted (T1 doubling to T2) until the ACK. No ACK within 64*T1: the call is
   ended with a BYE. With `--sip-webhook`, between the 180 and the leg:
   `realtime.call.incoming` posted (a task of the call's), and the call rings until the
@@ -36,6 +37,7 @@ request answered 500.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ipaddress
 import json
 import logging
@@ -112,6 +114,8 @@ KNOWN_UNSUPPORTED = frozenset({"REGISTER", "SUBSCRIBE", "NOTIFY", "REFER", "MESS
 SERVER_NAME = "duplex-agent"
 RETRY_AFTER_SECONDS = 5
 STOP_GRACE_SECONDS = 2.0
+# How long an INVITE may ring while the other workers start (they take seconds, not more).
+ADMITTING_WAIT_S = 30.0
 SETUP_SAMPLES = 1000
 
 # What the application answered to realtime.call.incoming: accept (a session, the owner of
@@ -196,6 +200,9 @@ class UserAgent:
             raise ValueError("a SIP webhook needs a signing secret (whsec_...)")
         self._webhook = Webhook(config.webhook_secret) if config.webhook_secret else None
         self.tasks = TaskOwner("sip-ua")
+        # Set once the whole server serves (worker 0 of several: serving.py); an INVITE
+        # that comes before rings until then (at most ADMITTING_WAIT_S).
+        self.admitting: asyncio.Event | None = None
         self.counters: Counter[str] = Counter()
         self.setup_ms: deque[float] = deque(maxlen=SETUP_SAMPLES)  # INVITE → 200 OK
         self._noise = LogThrottle(1.0)
@@ -608,6 +615,10 @@ class UserAgent:
     async def _answer(self, call: SipCall) -> None:
         if self.config.ring_seconds > 0:
             await asyncio.sleep(self.config.ring_seconds)
+        if self.admitting is not None and not self.admitting.is_set():
+            # Start-up: another worker still starting would share the cores with the call.
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self.admitting.wait(), ADMITTING_WAIT_S)
         session, owner = None, SIP_OWNER
         if self.config.webhook_url:
             decision = await self._await_decision(call)

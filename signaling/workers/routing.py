@@ -46,7 +46,7 @@ from signaling.calls import CALLS_PATH
 from signaling.cors import with_cors_headers
 from signaling.errors import ApiError, error_response, json_error
 from signaling.keys import AGENT_KEY
-from signaling.serving import BEFORE_PUBLIC_KEY
+from signaling.serving import ALL_SERVING_KEY, BEFORE_PUBLIC_KEY
 from signaling.sip.outbound_api import SIP_CALLS_PATH
 from signaling.slow_clients import read_body_in_time
 from signaling.telephony import RTP_PATH, TELEPHONY_KEY, with_url_token
@@ -400,6 +400,13 @@ def install(app: web.Application, group: WorkerGroup) -> None:
                                  held=lambda: app[AGENT_KEY].legs.held_slots)
     app.middlewares.insert(0, worker_routing_middleware)
     if group.index == 0 and group.count > 1:
-        app[BEFORE_PUBLIC_KEY] = lambda: wait_for_the_other_workers(group)
+        all_serving = app[ALL_SERVING_KEY] = asyncio.Event()
+
+        async def before_public() -> None:
+            try:
+                await wait_for_the_other_workers(group)
+            finally:
+                all_serving.set()
+        app[BEFORE_PUBLIC_KEY] = before_public
     app.cleanup_ctx.append(_load_publisher)
     app.on_cleanup.append(_close_loads)
