@@ -276,7 +276,7 @@ def run(calls: int, seconds: float, settle: float, limits: bool, rounds: int,
     sipp = shutil.which("sipp")
     if sipp is None:
         raise SystemExit("sipp is missing (apt-get install sip-tester)")
-    hold_ms = int((rounds * len(KINDS) * (seconds + 2.5) + 8) * 1000)
+    hold_ms = int((rounds * len(KINDS) * (seconds + 3) + seconds + 12) * 1000)
     receiver = EchoReceiver()
     flags = [] if limits else OFF
     with tempfile.TemporaryDirectory() as tmp, sip_server(*flags) as (port, sip_port, pid):
@@ -292,6 +292,9 @@ def run(calls: int, seconds: float, settle: float, limits: bool, rounds: int,
         while len(receiver.arrivals) < calls and time.monotonic() < deadline:
             time.sleep(0.1)
         time.sleep(1.5)
+        quiet_start = time.monotonic()  # the calls' gaps without a flood, to compare
+        time.sleep(seconds)
+        baseline = receiver.worst_gap(quiet_start, time.monotonic())
         rss_before = rss_mib(pid)
         watch = PeakWatch(port)
         rows = []
@@ -330,6 +333,7 @@ def run(calls: int, seconds: float, settle: float, limits: bool, rounds: int,
     print("| kind | sent/s | read by agent/s | answered/s (status: count) | dropped unanswered "
           "by agent | peak live server transactions | agent CPU | calls' worst echo gap (ms) |")
     print("|---|---:|---:|---|---:|---:|---:|---:|")
+    print(f"| (no flood, {seconds:g} s before) | | | | | | | {baseline * 1000:.0f} |")
     for row in rows:
         answers = sum(row["statuses"].values())
         shown = ", ".join(f"{k}: {v}" for k, v in sorted(row["statuses"].items()))

@@ -141,7 +141,7 @@ class TcpConnection(asyncio.Protocol):
         while self._buffer and not self.closed:
             frame = frame_stream(self._buffer, self.owner.max_message_bytes)
             if frame is None:
-                return
+                break  # the rest of a message is still to come
             if isinstance(frame, ParseFailure):
                 assert self.flow is not None
                 self.owner.on_failure(frame, self.flow)

@@ -284,7 +284,8 @@ async def test_a_tcp_connection_without_a_whole_message_in_time_is_closed(
 ) -> None:
     """A connection that has delivered its message stays (its deadline is met); one that
     sends nothing and one that stops half-way through its headers are closed after the
-    header deadline, which runs from the accept and is not pushed back by trickled bytes."""
+    header deadline, which runs from the accept and is not pushed back by trickled bytes;
+    the first one too, once a later message of its stops half-way."""
     server = await start_sip(config=SipConfig(listen_port=0, budget=BudgetSettings(
         header_timeout=0.5)))
     good = await connect_from(FLOODER, server.sip)
@@ -305,6 +306,8 @@ async def test_a_tcp_connection_without_a_whole_message_in_time_is_closed(
     transport = server.ua.stats()["transport"]
     assert isinstance(transport, dict) and transport["tcp_header_timeouts"] == 2
     assert await answered(*good, server.sip, FLOODER)  # well past its own deadline: served
+    good[1].write(options(port, server.sip, FLOODER)[:60])  # a later message, half sent
+    assert await closed_by_server(good[0])
     for writer in (good[1], silent, half):
         writer.close()
 
