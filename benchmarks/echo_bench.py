@@ -4,6 +4,12 @@
     python benchmarks/echo_bench.py cpu        # server CPU per call (load-independent)
     python benchmarks/echo_bench.py capacity   # concurrent real-time calls on one core
     python benchmarks/echo_bench.py all
+    python benchmarks/echo_bench.py delay --random-start 40   # calls at random moments
+
+`delay --random-start N` runs one agent server and N overlapping calls, each started at a
+random moment within `--window` seconds (so each meets the agent's shared 80 ms tick at its
+own phase, some while others run), and prints each call's echo round trip, the median, the
+spread and how many lie within 10 ms of the best.
 
 Servers run pinned to core 0 (`taskset -c 0`), callers in another process on core 1. A level
 of N concurrent calls passes when every call connected, no received-audio gap after the first
@@ -24,6 +30,7 @@ import argparse
 import asyncio
 import functools
 import json
+import random
 import shlex
 import statistics
 import subprocess
@@ -61,7 +68,8 @@ def server(kind: str, extra: list[str] | None = None, niceness: int = 0) -> Iter
 
 
 async def run_callers(url: str, count: int, seconds: float, codec: str,
-                      preencode: bool) -> list[dict[str, Any]]:
+                      preencode: bool, window: float | None = None,
+                      seed: int = 0) -> list[dict[str, Any]]:
     from agent.rtc_tuning import limit_host_addresses
     from agent.testing.peer import PreencodedSignalTrack, run_call
     from agent.testing.testsignal import make_test_signal
@@ -70,8 +78,12 @@ async def run_callers(url: str, count: int, seconds: float, codec: str,
     signal_samples = make_test_signal(seconds + 1)
     payloads = PreencodedSignalTrack.encode(signal_samples, codec) if preencode else None
 
+    rng = random.Random(seed)
+    starts = ([index * STAGGER_S for index in range(count)] if window is None  # like arrivals
+              else sorted(rng.uniform(0, window) for _ in range(count)))
+
     async def one(index: int) -> dict[str, Any]:
-        await asyncio.sleep(index * STAGGER_S)  # stagger call set-up like real arrivals
+        await asyncio.sleep(starts[index])
         report, _, _ = await run_call(url, signal=signal_samples if payloads else None,
                                       seconds=seconds, codec=codec, data_channel=False,
                                       preencoded=payloads)
@@ -83,12 +95,16 @@ async def run_callers(url: str, count: int, seconds: float, codec: str,
 def callers_subprocess(url: str, count: int, seconds: float, codec: str,
                        preencode: bool, core: str | None = "1",
                        on_start: Callable[[int], None] | None = None,
-                       niceness: int = 0) -> list[dict[str, Any]]:
+                       niceness: int = 0, window: float | None = None,
+                       seed: int = 0) -> list[dict[str, Any]]:
     """`count` calls from one caller process (pinned to `core`; None: anywhere; at
-    `niceness`); `on_start` gets its pid (to watch its CPU)."""
+    `niceness`); `on_start` gets its pid (to watch its CPU); `window`: each call starts at a
+    random moment within it (`seed`) instead of staggered."""
     command = placed(core, niceness) + [sys.executable, __file__, "callers", "--url", url,
                                         "--n", str(count), "--seconds", str(seconds),
-                                        "--codec", codec]
+                                        "--codec", codec, "--seed", str(seed)]
+    if window is not None:
+        command += ["--window", str(window)]
     if preencode:
         command.append("--preencode")
     with subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -96,7 +112,7 @@ def callers_subprocess(url: str, count: int, seconds: float, codec: str,
         if on_start is not None:
             on_start(process.pid)  # taskset and nice exec the caller: the same pid
         try:
-            out, err = process.communicate(timeout=seconds * 3 + 60)
+            out, err = process.communicate(timeout=seconds * 3 + (window or 0) + 60)
         except subprocess.TimeoutExpired:
             process.kill()
             raise
@@ -179,6 +195,37 @@ def bench_delay(runs: int, seconds: float) -> None:
         correlations = [r["correlation"] for r in reports if r["correlation"] is not None]
         print(f"| {kind} | {len(delays)} | {statistics.median(delays):.0f} | {min(delays):.0f} "
               f"| {max(delays):.0f} | {statistics.mean(correlations):.3f} |", flush=True)
+
+
+BEST_WITHIN_MS = 10.0  # half a packet: a call this close to the best is at the best phase
+CLEAN_ECHO = 0.9  # a lower correlation: the lag found is not the echo's (a starved rig)
+
+
+def bench_random_start(count: int, seconds: float, window: float, seed: int) -> None:
+    """N calls at random moments against one agent: each call's round trip, and how many are
+    at the best phase (within half a packet of the fastest call)."""
+    with server("agent") as url:
+        reports = callers_subprocess(url, count, seconds, "opus", False, core="1",
+                                     window=window, seed=seed)
+    delays = [r["delay_ms"] for r in reports if r["connected"] and r["delay_ms"] is not None
+              and (r["correlation"] or 0.0) >= CLEAN_ECHO]
+    failed = len(reports) - len(delays)
+    print(f"\n### Echo round trip, {count} calls started at random moments within {window:g} s "
+          f"(Opus, loopback, {seconds:g} s each, seed {seed})\n")
+    print("| call | round trip ms | correlation |")
+    print("|---|---|---|")
+    for index, report in enumerate(reports):
+        print(f"| {index} | {report['delay_ms']} | {report['correlation']} |")
+    if not delays:
+        print("\nno call measured")
+        return
+    best = min(delays)
+    near = sum(1 for d in delays if d - best <= BEST_WITHIN_MS)
+    print(f"\nmedian {statistics.median(delays):.1f} ms, best {best:.1f}, worst "
+          f"{max(delays):.1f}, spread {max(delays) - best:.1f} ms; within "
+          f"{BEST_WITHIN_MS:g} ms of the best: {near}/{len(delays)}"
+          + (f"; {failed} calls left out (no echo, or correlation < {CLEAN_ECHO})"
+             if failed else ""), flush=True)
 
 
 def bench_cpu(codecs: list[str], calls: int, seconds: float) -> None:
@@ -400,6 +447,11 @@ def main() -> None:
     delay = sub.add_parser("delay")
     delay.add_argument("--runs", type=int, default=5)
     delay.add_argument("--seconds", type=float, default=6)
+    delay.add_argument("--random-start", type=int, default=None, metavar="N",
+                       help="N calls at random moments against one agent (see above)")
+    delay.add_argument("--window", type=float, default=None,
+                       help="seconds over which the random starts spread (default N x 0.5)")
+    delay.add_argument("--seed", type=int, default=1)
     capacity = sub.add_parser("capacity")
     capacity.add_argument("--codecs", default="opus,pcmu")
     capacity.add_argument("--levels", default="2,4,6,8,10,12,15,18,21,24,28,32")
@@ -426,11 +478,17 @@ def main() -> None:
     callers.add_argument("--seconds", type=float, default=10)
     callers.add_argument("--codec", default="opus")
     callers.add_argument("--preencode", action="store_true")
+    callers.add_argument("--window", type=float, default=None)
+    callers.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     if args.command == "callers":
         reports = asyncio.run(run_callers(args.url, args.n, args.seconds, args.codec,
-                                          args.preencode))
+                                          args.preencode, args.window, args.seed))
         print(json.dumps(reports))
+    elif args.command == "delay" and args.random_start:
+        bench_random_start(args.random_start, args.seconds,
+                           args.window if args.window is not None else args.random_start * 0.5,
+                           args.seed)
     elif args.command == "delay":
         bench_delay(args.runs, args.seconds)
     elif args.command == "cpu":

@@ -72,6 +72,8 @@ class PlayoutBuffer(SampleFifo):
         if self._pacer is not None:
             # Where a pacer that starts (or restarts after a stall) puts its first send.
             self._pacer.phase_hint = self._pacer.clock.now() + PHASE_GUARD_SECONDS
+            if self._pacer.next_due is None:
+                self._drop_silence_before_the_first_send()
         self._observe_wait()
         super().push(samples)
         self._primed = True
@@ -93,6 +95,15 @@ class PlayoutBuffer(SampleFifo):
         if self._phase is not None:
             self._phase.restart()
         return super().clear()
+
+    def _drop_silence_before_the_first_send(self) -> None:
+        """The ticker answers from the moment the seat is taken, the sends begin when the
+        call connects: silence queued in between would only delay everything after it (for
+        the first window of the standing backlog, two seconds). Speech stays queued."""
+        count = self.buffered_samples
+        if count and float(np.max(np.abs(self.peek(count)))) <= SILENCE_PEAK:
+            self.discard(count)
+            self.trimmed_samples += count
 
     def _observe_wait(self) -> None:
         """Before a push: samples of wait ahead of it (queued audio + time to the next send)."""

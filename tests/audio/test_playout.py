@@ -93,3 +93,22 @@ async def test_clear_forgets_the_window_and_underruns_after_it_earn_no_hold() ->
     playout.pop(FRAME)
     assert playout.pop(CHUNK) is None  # an output was late: that is lateness
     assert playout.holding_cushion
+
+
+async def test_silence_answered_before_the_first_send_does_not_queue() -> None:
+    """The seat is taken at the offer, the sends begin at connect: the silent answers of the
+    set-up are not sent ahead of the call's audio; an answer with sound in it is."""
+    clock = FakeClock(start=0.0)
+    pacer = Pacer(clock, 0.02)
+    playout = PlayoutBuffer(FRAME * 100)
+    playout.follow(pacer, RATE)
+    for _ in range(10):
+        playout.push(np.zeros(FRAME, dtype=np.float32))
+    assert playout.buffered_samples == FRAME
+    playout.push(np.full(FRAME, 0.5, dtype=np.float32))
+    playout.push(np.zeros(FRAME, dtype=np.float32))
+    assert playout.buffered_samples == 2 * FRAME  # a greeting waits for the call
+    await pacer.wait_next()
+    playout.pop(CHUNK)
+    playout.push(np.zeros(FRAME, dtype=np.float32))  # once sending, the windows decide
+    assert playout.buffered_samples == 3 * FRAME - CHUNK
