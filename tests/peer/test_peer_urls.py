@@ -125,3 +125,13 @@ async def test_a_sip_server_that_sends_nothing_is_named_when_the_timeout_ends(
     assert report.error_code == "timeout", report
     assert "INVITE" in (report.error or "") and HINT in (report.error or "")
     assert f"nothing answered SIP at 127.0.0.1:{silent_udp_port}" in (report.error or "")
+
+
+async def test_a_sip_server_that_sends_nothing_is_given_up_on_before_a_long_timeout(
+        silent_udp_port: int) -> None:
+    started = time.monotonic()
+    report, _ = await place_call(f"sip:agent@127.0.0.1:{silent_udp_port}", "sip",
+                                 PeerOptions(timeout=60.0), seconds=1.0)
+    assert report.error_code == "timeout", report
+    assert "within 5 s" in (report.error or "") and HINT in (report.error or ""), report
+    assert time.monotonic() - started < 30  # not the 60 s the peer would wait for an answer

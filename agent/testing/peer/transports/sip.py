@@ -14,7 +14,7 @@ A call the far end refuses fails with `refused` and the status line (`SIP 486 Bu
 no answer within `timeout` fails with `timeout`. The signalling socket is connected to the
 server's address, so an ICMP port unreachable (nothing listening there: an agent started
 without `--sip-listen`) reaches the peer, which fails at once with `connect_failed` and says
-so; a server that sends nothing at all is named as such when the timeout ends. `send_dtmf`
+so; one that sends nothing at all (a firewall that drops) is named as such after 5 s. `send_dtmf`
 needs telephone-event in the answer. Server events come from the sideband only when the
 agent's call id is given (`extra["sideband_call_id"]`): SIP does not name it.
 """
@@ -49,6 +49,9 @@ from agent.testing.peer.transports.urls import SIP_URI, url_problem
 
 T1 = 0.5  # RFC 3261 timer T1 (seconds)
 MAX_RETRANSMIT = 4.0  # T2
+# A SIP server answers an INVITE with 100 Trying at once (RFC 3261 17.2.1: within 200 ms);
+# nothing at all heard in this long (the INVITE sent 4 times) means none is there.
+NOTHING_HEARD_S = 5.0
 URI = SIP_URI
 
 
@@ -301,21 +304,24 @@ class SipCall(PeerCall):
         provisional ones become events."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
+        silent_deadline = loop.time() + min(timeout, NOTHING_HEARD_S)
         interval = T1
         next_send = loop.time()
         provisional = False
         while True:
             now = loop.time()
+            if not self._heard and now >= silent_deadline:
+                waited = min(timeout, NOTHING_HEARD_S)
+                raise PeerError(TIMEOUT, f"no answer to {method} within {waited:g} s: "
+                                + self._nothing_there())
             if now >= deadline:
-                if not self._heard:
-                    raise PeerError(TIMEOUT, f"no answer to {method} within {timeout:g} s: "
-                                    + self._nothing_there())
                 raise PeerError(TIMEOUT, f"no final answer to {method} within {timeout:g} s")
             if now >= next_send and not provisional:
                 self._send(request)
                 next_send = now + interval
                 interval = min(interval * 2, MAX_RETRANSMIT)
-            wait = min(deadline, next_send if not provisional else deadline) - now
+            wait = min(deadline if self._heard else silent_deadline,
+                       next_send if not provisional else deadline) - now
             try:
                 response = await asyncio.wait_for(self._responses.get(), max(wait, 0.01))
             except asyncio.TimeoutError:
