@@ -19,13 +19,18 @@ from __future__ import annotations
 import argparse
 from collections.abc import Mapping, Sequence
 
+from agent.errors import AgentError
+
 PREFIX = "AGENT_"
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
 
 
-class EnvFlagError(ValueError):
+class EnvFlagError(AgentError, ValueError):
     """A variable that names a flag but holds a value the flag cannot take."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__("env_flag_invalid", message)
 
 
 def variable_name(option: str) -> str:

@@ -17,6 +17,7 @@ import time
 import redis
 from redis.exceptions import RedisError
 
+from agent.errors import AgentError
 from agent.worker_tag import TAGS
 from signaling.cluster.settings import ClusterSettings
 
@@ -25,10 +26,12 @@ STARTING_TTL_S = 30.0
 CONNECT_TRIES_S = 10.0
 
 
-class ClaimError(Exception):
+class ClaimError(AgentError):
+    """This node could not claim a tag (Redis unreachable, every tag taken): `code` says
+    which."""
+
     def __init__(self, code: str, message: str) -> None:
-        super().__init__(message)
-        self.code = code
+        super().__init__(code, message)
 
 
 def _order(address: str) -> str:

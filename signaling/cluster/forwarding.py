@@ -23,6 +23,7 @@ from aiohttp.streams import StreamReader
 from multidict import CIMultiDict
 from yarl import URL
 
+from agent.errors import AgentError
 from signaling.cluster.signing import MISDIRECTED, NODE_HEADERS, NodeGate, NodeSigner
 from signaling.workers.channel import HOP_HEADERS
 
@@ -32,8 +33,11 @@ NODE_TIMEOUT = aiohttp.ClientTimeout(total=60, sock_connect=1)
 NOT_RELAYED = HOP_HEADERS | NODE_HEADERS | {"host"}
 
 
-class NodeUnreachable(Exception):
+class NodeUnreachable(AgentError):
     """The node did not take the request (gone, restarting, not listening)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__("node_unreachable", message, status=502)
 
 
 class Forwarder:

@@ -14,18 +14,19 @@ from dataclasses import dataclass, field
 
 from yarl import URL
 
+from agent.errors import AgentError
+
 SECRET_ENV = "AGENT_CLUSTER_SECRET"
 HEARTBEAT_S = 2.0  # a node rewrites its record this often ...
 TTL_S = 6.0  # ... and the record (with its calls) is gone this long after the last one
 MIN_SECRET_BYTES = 16
 
 
-class ClusterFlagError(ValueError):
+class ClusterFlagError(AgentError, ValueError):
     """A cluster flag that cannot work: `code` names it."""
 
     def __init__(self, code: str, message: str) -> None:
-        super().__init__(message)
-        self.code = code
+        super().__init__(code, message)
 
 
 @dataclass(frozen=True)

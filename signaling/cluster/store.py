@@ -20,6 +20,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
+from agent.errors import AgentError
 from signaling.cluster import scripts
 
 log = logging.getLogger(__name__)
@@ -27,8 +28,11 @@ log = logging.getLogger(__name__)
 TIMEOUT_S = 0.5  # per command: a paused Redis costs a request this long at most, once
 
 
-class StoreDown(Exception):
+class StoreDown(AgentError):
     """Redis did not answer (or answered with an error)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__("store_down", message, status=503)
 
 
 class Store:

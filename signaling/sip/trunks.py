@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from agent.errors import AgentError
 from signaling.auth import tenant_of
 from signaling.sip.digest import Credentials
 from signaling.sip.outbound_policy import Destinations
@@ -44,8 +45,12 @@ MAX_KEYS = 1000
 TRANSPORTS = ("UDP", "TCP")
 
 
-class TrunkFileError(ValueError):
-    """The trunks file is unusable; the message says where and why (never a password)."""
+class TrunkFileError(AgentError, ValueError):
+    """The trunks file is unusable; the message says where and why (never a password). At
+    start-up it is one of the SIP settings' mistakes (`sip_config_invalid`)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__("sip_config_invalid", message)
 
 
 @dataclass(frozen=True)

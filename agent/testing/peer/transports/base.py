@@ -28,6 +28,7 @@ from typing import Any, Protocol
 import aiohttp
 import numpy as np
 
+from agent.errors import AgentError
 from agent.testing.peer.recording import PEER_RATE, Recording
 from agent.testing.peer.transports.http_client import http_clients
 
@@ -42,13 +43,15 @@ BAD_URL = "bad_url"
 REFUSED = "refused"
 
 
-class PeerError(Exception):
-    """A call that could not be made or continued, as data: a code and one clear line."""
+class PeerError(AgentError):
+    """A call that could not be made or continued, as data: a code and one clear line
+    (`str()` gives both: `code: message`)."""
 
     def __init__(self, code: str, message: str) -> None:
-        super().__init__(f"{code}: {message}")
-        self.code = code
-        self.message = message
+        super().__init__(code, message)
+
+    def __str__(self) -> str:
+        return f"{self.code}: {self.message}"
 
 
 @dataclass
