@@ -264,6 +264,9 @@ def capacity_levels(kind: str, levels: list[int], trials: int, seconds: float,
                 ok, detail = False, f"clients failed: {error!r}"
             else:
                 ok, detail = level_passes(result[0])
+                late = result[1].get("late_ms")
+                if late is not None:  # a hole may start on the callers' side
+                    detail += f", callers' latest send {late:.0f} ms late"
             label = f"{count}" + (f" (try {trial})" if trial > 1 else "")
             agent = (f"{window.agent * 100:.0f} | {window.agent * 100 / count:.2f}"
                      if window else "? | ?")
