@@ -7,7 +7,7 @@ without keys every non-public request passes) or it closes. One address holding 
 before aiohttp sees it: no request head is read, no task is started for it.
 
 With several workers the count is the server's, not each worker's: the gate counts each
-address in the workers' shared tally (worker_tally.py), so one address holds at most N such
+address in the workers' shared tally (workers/tally.py), so one address holds at most N such
 connections across every worker, handed-over connections included.
 """
 
@@ -29,7 +29,7 @@ DEFAULT_PER_ADDRESS = 128
 
 
 class SharedCount(Protocol):
-    """Counts kept together with other processes (signaling/worker_tally.SharedTally)."""
+    """Counts kept together with other processes (signaling/workers/tally.SharedTally)."""
 
     def take(self, key: int, limit: int, amount: int = 1) -> bool | None: ...
 

@@ -15,7 +15,7 @@ Limits: a key (or, on an open server, everyone together) may hold `--max-secrets
 unused secrets at once (429 `too_many_secrets` beyond); a secret bound to a live call is
 never forgotten while the call lives, however many are minted meanwhile. With several
 workers the limit is the server's: each worker counts its unused secrets per key in the
-workers' shared tally (worker_tally.py), and a mint that would take a key past the limit
+workers' shared tally (workers/tally.py), and a mint that would take a key past the limit
 anywhere is refused (another worker's expired secrets count until it next prunes, within
 a second).
 
@@ -93,7 +93,7 @@ def _hash(value: str) -> bytes:
 
 
 class SharedCounts(Protocol):
-    """Counts kept together with other processes (signaling/worker_tally.SharedTally)."""
+    """Counts kept together with other processes (signaling/workers/tally.SharedTally)."""
 
     def claim(self, key: int, value_here: int, limit: int) -> bool | None: ...
 

@@ -7,7 +7,7 @@ So the sites are made here, each with its own context, from aiohttp's public run
 loop's life (stop on GracefulExit or Ctrl-C, cancel what is left, close) is as in run_app.
 
 The first worker of several starts its private socket first (the supervisor starts the others
-once it answers), then waits (`BEFORE_PUBLIC_KEY`, worker_routing.py) until each other worker
+once it answers), then waits (`BEFORE_PUBLIC_KEY`, workers/routing.py) until each other worker
 answers on its private socket, which they start last, after they serve the public port and
 have said so; only then does it start the public sockets. It waits there so that it takes no
 call on the public port while a worker still starting takes a core from it (on a 2-core
@@ -29,10 +29,10 @@ from dataclasses import dataclass
 from aiohttp import web
 from aiohttp.web_runner import GracefulExit
 
-# Set by whatever must serve connections it did not accept itself (worker_handoff.py):
+# Set by whatever must serve connections it did not accept itself (workers/handoff.py):
 # called with the runner's low-level server before the sites start.
 SERVER_HOOK_KEY = web.AppKey[Callable[[web.Server], None]]("low_level_server_hook")
-# Awaited after the private socket and before the public ones start (worker_routing.py).
+# Awaited after the private socket and before the public ones start (workers/routing.py).
 BEFORE_PUBLIC_KEY = web.AppKey[Callable[[], Awaitable[None]]]("before_public_sites")
 # Set once every worker serves, where someone waits for that (SIP calls: sip/service.py).
 ALL_SERVING_KEY = web.AppKey("all_workers_serving", asyncio.Event)

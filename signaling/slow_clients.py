@@ -87,7 +87,7 @@ def guarded_event_loop(header_timeout: float,
 
     `web.run_app` builds its server internally and takes only a loop, so the loop's
     `create_server` is the one place every accepted connection can be seen from. A
-    connection another worker hands over (worker_handoff.py) gets the same guards through
+    connection another worker hands over (workers/handoff.py) gets the same guards through
     `guarded_factory`.
     """
     global guarded_factory

@@ -1,8 +1,8 @@
 """With several workers: a media-stream websocket accepted by a busier worker is handed, as
 the connection itself, to a lighter one before the upgrade.
 
-A new call over HTTP is re-posted to a lighter worker (worker_routing.offer_to), but
-a websocket lives as long as its call, and relaying it (worker_relay.py) would cost the
+A new call over HTTP is re-posted to a lighter worker (routing.offer_to), but
+a websocket lives as long as its call, and relaying it (relay.py) would cost the
 accepting worker a hop per message for the whole call. Instead the accepting worker sends
 the connection's file descriptor and the request's bytes to the lighter worker over a unix
 datagram socket (SCM_RIGHTS); that worker serves the connection as if it had accepted it
@@ -128,7 +128,7 @@ async def _send_when_room(sender: socket.socket, payload: bytes,
 
 class HandoffReceiver:
     """Takes connections handed to this worker and serves them with its own server. Each
-    counts as on its way here (worker_load.py) until its request reaches the routing
+    counts as on its way here (load.py) until its request reaches the routing
     middleware, which marks it received from the worker that handed it (`handed_from`)."""
 
     def __init__(self, path: Path, loads: WorkerLoads) -> None:

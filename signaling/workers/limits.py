@@ -1,6 +1,6 @@
 """With several workers, the limits an operator sets are the server's, not each worker's.
 
-Four limits are counted together in the worker folder (worker_tally.py):
+Four limits are counted together in the worker folder (tally.py):
 - `--max-sessions`: every worker may hold calls up to the limit, but admits one only while
   all workers together hold fewer (`CallLimit`, the agent's `SharedCapacity`);
 - `--max-unauthenticated-per-address`: the connections one address holds unauthenticated,

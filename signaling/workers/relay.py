@@ -1,7 +1,7 @@
 """With several workers: a media-stream websocket that lands on a full worker is carried to
 one with room.
 
-A new call over HTTP is simply re-posted to another worker (worker_routing.place_elsewhere);
+A new call over HTTP is simply re-posted to another worker (routing.place_elsewhere);
 a websocket cannot be handed over, so the accepting worker opens the same websocket on the
 next worker with room (over its private unix socket) and relays every message both ways
 until either side closes, passing the close code on. Only a full worker relays, and only

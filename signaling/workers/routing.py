@@ -5,7 +5,7 @@ whose tag its id carries (agent/worker_tag.py), and a request made with an ephem
 (a new call, the page's /v1/models) goes to the worker that minted the secret;
 the owner handles it as if it had accepted it, auth included, and its answer is relayed
 unchanged. A new call goes to the least loaded worker: one over HTTP is re-posted there, a
-media-stream websocket is handed there as the connection itself (worker_handoff.py). Views
+media-stream websocket is handed there as the connection itself (handoff.py). Views
 of the whole server — `/health`, `/metrics`, `/metrics/calls` — ask every worker and add up
 what they say; `POST /admin/drain` drains every worker. Workers talk over
 the unix sockets in the worker folder (channel.py: the channel's own framing, one
@@ -75,7 +75,7 @@ LOAD_REFRESH_S = 0.5
 
 @dataclass(frozen=True)
 class Handoff:
-    """Set where connections can be handed to another worker (worker_handoff.py)."""
+    """Set where connections can be handed to another worker (handoff.py)."""
 
     # hands this request's connection to worker N; False where it could not
     hand_over: Callable[[web.Request, int], Awaitable[bool]]

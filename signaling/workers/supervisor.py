@@ -4,10 +4,10 @@ The supervisor binds the port itself (so a port in use is one clear error) and h
 listening sockets to every worker, which all accept on them: the kernel gives each new
 connection to one worker. Each worker is a whole server (its own event loop, agent, ticker
 and plugin instance) that also listens on a private unix socket in the worker folder, where
-the other workers forward the requests it owns (worker_routing.py).
+the other workers forward the requests it owns (routing.py).
 
 The supervisor makes a secret at each start and hands it to the workers in their
-environment: it signs what one worker forwards to another (worker_channel.py). The worker
+environment: it signs what one worker forwards to another (channel.py). The worker
 folder holds the workers' sockets and shared counts, each private to this user (mode 0600);
 a folder the supervisor made is removed when it stops, and in a folder it was given
 (`--worker-dir`, which may already exist and keeps its mode) only what the workers made is.
