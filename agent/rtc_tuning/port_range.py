@@ -174,10 +174,6 @@ def limit_host_ports(ports: PortRange | None) -> bool:
     return True
 
 
-def current_port_range() -> PortRange | None:
-    return _range
-
-
 def missing_port_internals() -> list[str]:
     """What of aioice the port range relies on is gone (empty: all there)."""
     import aioice.ice

@@ -531,10 +531,6 @@ def use_udp_mux(mux: UdpMux | None) -> bool:
     return True
 
 
-def current_udp_mux() -> UdpMux | None:
-    return _mux
-
-
 def missing_mux_internals() -> list[str]:
     """What of aioice the mux relies on is gone (empty: all there)."""
     import aioice.ice

@@ -269,9 +269,6 @@ class SipMessage:
         value = self.headers.get("content-type") or ""
         return value.split(";", 1)[0].strip().lower()
 
-    def header_list(self, name: str) -> list[str]:
-        return self.headers.get_all(name)
-
     def to_bytes(self) -> bytes:
         lines = [self.start_line()]
         lines.extend(f"{name}: {value}" for name, value in self.headers

@@ -100,10 +100,6 @@ class Transaction:
         if handle is not None:
             handle.cancel()
 
-    @property
-    def running_timers(self) -> list[str]:
-        return sorted(self._handles)
-
     def _transmit(self, data: bytes) -> None:
         try:
             self.send(data)

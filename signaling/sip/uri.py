@@ -108,10 +108,6 @@ class NameAddr:
     def param(self, name: str) -> str | None:
         return param_value(self.params, name)
 
-    def with_tag(self, tag: str) -> NameAddr:
-        kept = tuple(p for p in self.params if p[0].lower() != "tag")
-        return replace(self, params=kept + (("tag", tag),))
-
     def __str__(self) -> str:
         uri = self.raw_uri or str(self.uri)
         text = ""

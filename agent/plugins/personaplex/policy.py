@@ -120,13 +120,6 @@ def _option_error(key: str, message: str) -> PluginError:
     return PluginError("invalid_option", f"extra_body.{key} {message}", param=f"extra_body.{key}")
 
 
-def _bool_option(extra_body: Mapping[str, Any], key: str, default: bool) -> bool:
-    value = extra_body.get(key, default)
-    if not isinstance(value, bool):
-        raise _option_error(key, "must be true or false")
-    return value
-
-
 def _float_option(
     extra_body: Mapping[str, Any], key: str, default: float, low: float, high: float
 ) -> float:

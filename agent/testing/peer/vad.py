@@ -133,13 +133,6 @@ def _voted_mask(pcm: np.ndarray) -> np.ndarray:
     return np.asarray(votes) * 2 > PHASES
 
 
-def speech_mask(samples: np.ndarray, rate: int) -> np.ndarray:
-    """Speech (True) per millisecond of `samples`."""
-    if len(samples) * VAD_RATE < FRAME * rate:  # shorter than one frame: no speech
-        return np.zeros(len(samples) * 1000 // rate, dtype=bool)
-    return _mask_of(to_vad_rate(samples, rate))
-
-
 def mask_segments(mask: np.ndarray, min_gap: float = MIN_GAP,
                   min_speech: float = MIN_SPEECH, step: float = 0.001) -> list[Segment]:
     """Runs of True in a per-`step` mask, short pauses bridged and short bursts dropped."""
