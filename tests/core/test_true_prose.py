@@ -53,7 +53,8 @@ def prose() -> Iterator[tuple[str, str]]:
 def file_names() -> frozenset[str]:
     names: set[str] = set()
     for _folder, dirs, files in os.walk(ROOT):
-        dirs[:] = [d for d in dirs if d not in SKIPPED_DIRS and not d.endswith(".egg-info")]
+        dirs[:] = [d for d in dirs if d not in SKIPPED_DIRS and not d.startswith(".")
+                   and not d.endswith(".egg-info")]
         names.update(files)
     return frozenset(names)
 
