@@ -427,7 +427,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         parser.add_plugin_flags(plugin)
         from_env = env_flags.environment_argv(parser, given, os.environ)
     except env_flags.EnvFlagError as exc:
-        exit_with_error("env_flag_invalid", str(exc))
+        exit_with_error(exc.code, exc.message)
     flags = {word.split("=", 1)[0] for word in from_env if word.startswith("--")}
     parser.set_by = {flag: env_flags.variable_name(flag) for flag in flags}
     return parser.parse_args(from_env + given)
