@@ -33,6 +33,7 @@ from agent.webrtc.leg import WebRtcLeg
 from agent.webrtc.sdp import MAX_SDP_BYTES
 from agent.webrtc.trickle import parse_sdpfrag
 from signaling.auth import Principal, principal_of, secret_session
+from signaling.call_route import CallRoute
 from signaling.errors import ApiError, read_json_object
 from signaling.ice import link_headers
 from signaling.keys import AGENT_KEY
@@ -379,12 +380,19 @@ async def post_dtmf(request: web.Request) -> web.Response:
                               "queued": leg.dtmf_out.pending})
 
 
+# The routes that name a call (the owning worker and node answer them: owned_routes.py).
+CALL = CallRoute(CALLS_PATH + "/{call_id}")
+HANGUP = CallRoute(CALLS_PATH + "/{call_id}/hangup")
+DTMF = CallRoute(CALLS_PATH + "/{call_id}/dtmf")
+CALL_ROUTES = (CALL, HANGUP, DTMF)
+
+
 def add_routes(app: web.Application) -> None:
     app[RESOURCES_KEY] = CallResources(app[AGENT_KEY])
     app.router.add_post(CALLS_PATH, post_call)
-    app.router.add_get(CALLS_PATH + "/{call_id}", get_call)
-    app.router.add_delete(CALLS_PATH + "/{call_id}", delete_call)
-    app.router.add_patch(CALLS_PATH + "/{call_id}", patch_call)
-    app.router.add_post(CALLS_PATH + "/{call_id}", reoffer_call)
-    app.router.add_post(CALLS_PATH + "/{call_id}/hangup", hangup_call)
-    app.router.add_post(CALLS_PATH + "/{call_id}/dtmf", post_dtmf)
+    CALL.add(app.router, "GET", get_call)
+    CALL.add(app.router, "DELETE", delete_call)
+    CALL.add(app.router, "PATCH", patch_call)
+    CALL.add(app.router, "POST", reoffer_call)
+    HANGUP.add(app.router, "POST", hangup_call)
+    DTMF.add(app.router, "POST", post_dtmf)

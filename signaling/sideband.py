@@ -28,6 +28,7 @@ from aiohttp import WSMsgType, web
 from agent.realtime.sideband import CALL_ENDED, OVERFLOWED, Sideband
 from agent.worker_tag import ID_TOKEN_CHARS, worker_of
 from signaling.auth import principal_of
+from signaling.call_route import CallRoute
 from signaling.calls import RESOURCES_KEY
 from signaling.errors import ApiError
 from signaling.keys import AGENT_KEY
@@ -42,6 +43,8 @@ MAX_MESSAGE_BYTES = 1 << 20  # larger frames close the socket; smaller bad ones 
 CLOSE_OVERFLOW = 4001  # the sideband fell too far behind and was dropped
 CLOSE_TIMEOUT = 5.0  # seconds a closing handshake may take before the socket is cut
 MAX_CALL_ID_CHARS = 128
+# It names a call in its query; the handler relays it to the owning worker and node itself.
+SIDEBAND = CallRoute(SIDEBAND_PATH, query="call_id", relayed_by_handler=True)
 # Set in a cluster: the sideband of another node's call, relayed from that node; None for
 # this node's calls (signaling/cluster/sockets.py).
 NodeRelay = Callable[[web.Request, str, int], Awaitable["web.StreamResponse | None"]]
@@ -143,4 +146,4 @@ async def send_events(socket: web.WebSocketResponse, watcher: Sideband,
 
 
 def add_routes(app: web.Application) -> None:
-    app.router.add_get(SIDEBAND_PATH, sideband)
+    SIDEBAND.add(app.router, "GET", sideband)

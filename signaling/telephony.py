@@ -42,6 +42,7 @@ from agent.telephony.rtp_leg import (
     parse_host_port,
 )
 from signaling.auth import principal_of
+from signaling.call_route import CallRoute
 from signaling.calls import RESOURCES_KEY
 from signaling.errors import ApiError, error_response, read_json_object
 from signaling.keys import AGENT_KEY
@@ -215,6 +216,11 @@ async def delete_rtp(request: web.Request) -> web.Response:
     return web.json_response({"call_id": leg.id, "ended": True, "reason": leg.end_reason})
 
 
+# The routes that name a leg (its owning worker and node answer them: owned_routes.py).
+RTP_LEG = CallRoute(RTP_PATH + "/{call_id}")
+CALL_ROUTES = (RTP_LEG,)
+
+
 def add_routes(app: web.Application, config: TelephonyConfig | None = None) -> None:
     config = config or TelephonyConfig()
     app[TELEPHONY_KEY] = config
@@ -224,8 +230,8 @@ def add_routes(app: web.Application, config: TelephonyConfig | None = None) -> N
     app.router.add_get(config.media_stream_path, media_stream)
     app.router.add_get(config.media_stream_path + "/{token}", media_stream)
     app.router.add_post(RTP_PATH, post_rtp)
-    app.router.add_get(RTP_PATH + "/{call_id}", get_rtp)
-    app.router.add_delete(RTP_PATH + "/{call_id}", delete_rtp)
+    RTP_LEG.add(app.router, "GET", get_rtp)
+    RTP_LEG.add(app.router, "DELETE", delete_rtp)
 
 
 # -- command line -----------------------------------------------------------------------------

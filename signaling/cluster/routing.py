@@ -22,7 +22,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import re
 import secrets
 from collections.abc import Awaitable, Callable
 
@@ -30,6 +29,7 @@ from aiohttp import web
 
 from agent.errors import AgentError
 from agent.worker_tag import ID_TOKEN_CHARS, TAGS, made_here, node_of
+from signaling import owned_routes
 from signaling.auth import (
     AUTH_SETTINGS_KEY,
     SECRET_PREFIX,
@@ -54,19 +54,15 @@ from signaling.errors import ApiError, error_response, json_error
 from signaling.keys import AGENT_KEY
 from signaling.sip.outbound_api import SIP_CALLS_PATH
 from signaling.slow_clients import read_body_in_time
-from signaling.telephony import RTP_PATH
 from signaling.workers.channel import carries_body, from_a_worker
 from signaling.workers.routing import is_new_leg
 
 log = logging.getLogger(__name__)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-# A call's or leg's own routes (hang-up, DTMF, accept, reject, ...): its owner answers them.
-# Every route of the app naming a {call_id} must match one of these (and the workers'
-# OWNED_PATHS): tests/cluster/test_call_routes.py checks both against the routes.
-CALL_PATHS = (re.compile(rf"^{CALLS_PATH}/([^/]+)(?:/[^/]+)?$"),
-              re.compile(rf"^{RTP_PATH}/([^/]+)$"),
-              re.compile(rf"^{SIP_CALLS_PATH}/([^/]+)(?:/hangup)?$"))
+# A call's or leg's own routes (hang-up, DTMF, accept, reject, ...), as the modules that
+# register them declare them (owned_routes.py): its owner answers them (group 1: its id).
+CALL_PATHS = owned_routes.PATHS
 HOLD_MS = 30_000  # a placed slot not yet a call is counted this long at most
 SECRETS_PATH = "/v1/realtime/client_secrets"
 

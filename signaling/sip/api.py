@@ -25,12 +25,17 @@ from aiohttp import web
 
 from agent.realtime.session_config import session_config_from_realtime
 from signaling.auth import Principal, principal_of
+from signaling.call_route import CallRoute
 from signaling.calls import CALLS_PATH
 from signaling.errors import ApiError, read_json_object
 from signaling.sip.inbound_owner import leg_owner, may_handle
 from signaling.sip.ua import SipCall, UserAgent
 
 DEFAULT_REJECT_STATUS = 603
+# The routes that name a call (the owning worker and node answer them: owned_routes.py).
+ACCEPT = CallRoute(CALLS_PATH + "/{call_id}/accept")
+REJECT = CallRoute(CALLS_PATH + "/{call_id}/reject")
+CALL_ROUTES = (ACCEPT, REJECT)
 
 
 def install_routes(app: web.Application,
@@ -69,8 +74,8 @@ def install_routes(app: web.Application,
         return web.json_response({"id": call.call_id, "object": "realtime.call",
                                   "status": "rejected", "status_code": status})
 
-    app.router.add_post(CALLS_PATH + "/{call_id}/accept", accept)
-    app.router.add_post(CALLS_PATH + "/{call_id}/reject", reject)
+    ACCEPT.add(app.router, "POST", accept)
+    REJECT.add(app.router, "POST", reject)
 
 
 async def optional_json(request: web.Request) -> dict[str, Any] | None:

@@ -38,6 +38,7 @@ from aiohttp import web
 
 from agent.realtime.session_config import session_config_from_realtime
 from signaling.auth import Principal, principal_of
+from signaling.call_route import CallRoute
 from signaling.calls import CALLS_PATH, RESOURCES_KEY, add_call_directory
 from signaling.errors import ApiError, read_json_object
 from signaling.keys import AGENT_KEY
@@ -51,6 +52,11 @@ from signaling.sip.ua import CONFIRMED, EARLY, SipCall, UserAgent
 from signaling.sip.uri import is_token, parse_name_addr, parse_uri
 
 SIP_CALLS_PATH = "/v1/sip/calls"
+# The routes that name a call (the owning worker and node answer them: owned_routes.py).
+SIP_CALL = CallRoute(SIP_CALLS_PATH + "/{call_id}")
+SIP_HANGUP = CallRoute(SIP_CALLS_PATH + "/{call_id}/hangup")
+REFER = CallRoute(CALLS_PATH + "/{call_id}/refer")
+CALL_ROUTES = (SIP_CALL, SIP_HANGUP, REFER)
 MAX_HEADERS = 20
 MAX_HEADER_VALUE = 1024
 MAX_URI_CHARS = 512
@@ -322,7 +328,7 @@ def install_routes(app: web.Application, services: Services) -> None:
                                   "sip_status": transfer.sip_status}, status=202)
 
     app.router.add_post(SIP_CALLS_PATH, post_call)
-    app.router.add_get(SIP_CALLS_PATH + "/{call_id}", get_call)
-    app.router.add_delete(SIP_CALLS_PATH + "/{call_id}", delete_call)
-    app.router.add_post(SIP_CALLS_PATH + "/{call_id}/hangup", delete_call)
-    app.router.add_post(CALLS_PATH + "/{call_id}/refer", refer)
+    SIP_CALL.add(app.router, "GET", get_call)
+    SIP_CALL.add(app.router, "DELETE", delete_call)
+    SIP_HANGUP.add(app.router, "POST", delete_call)
+    REFER.add(app.router, "POST", refer)

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import re
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,6 +32,7 @@ from aiohttp import web
 from agent.errors import AgentError
 from agent.media_agent import ON_PLACED
 from agent.worker_tag import ID_TOKEN_CHARS, worker_of
+from signaling import owned_routes
 from signaling.address_limit import mark_authenticated
 from signaling.auth import (
     AUTH_SETTINGS_KEY,
@@ -65,9 +65,7 @@ from signaling.workers.views import merge_calls, merge_health, merge_metrics
 
 log = logging.getLogger(__name__)
 
-OWNED_PATHS = (re.compile(rf"^{CALLS_PATH}/([^/]+)(?:/hangup|/refer|/accept|/reject|/dtmf)?$"),
-               re.compile(rf"^{RTP_PATH}/([^/]+)$"),
-               re.compile(rf"^{SIP_CALLS_PATH}/([^/]+)(?:/hangup)?$"))
+OWNED_PATHS = owned_routes.PATHS  # a call's or leg's routes, as registered (group 1: its id)
 SIP_WORKER = 0  # the one worker serving SIP (signaling/sip/service.py): it places SIP calls
 NEW_CALL_PATHS = frozenset({CALLS_PATH, "/offer"})
 LOAD_REFRESH_S = 0.5
