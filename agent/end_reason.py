@@ -9,7 +9,7 @@ tests/core/test_end_reason.py checks that table against this enum both ways.
 
 Besides these, a call that ends because of a coded error ends with that error's `code`
 (`Ending` below): a plugin that says the session cannot go on (`upstream_stalled`, ...), an
-outbound call whose answer is unusable (`sdp_no_common_codec`, ...), and a media stream whose
+outbound call whose answer is unusable (`no_common_codec`, ...), and a media stream whose
 `start` was refused, as `start_refused:<code>` -- that one keeps its code in the string
 because dashboards and webhook consumers already read it there.
 """
@@ -20,7 +20,21 @@ from enum import Enum
 from typing import NewType, TypeAlias
 
 
-class EndReason(str, Enum):
+class WireEnum(str, Enum):
+    """A `str` enum that is its value everywhere: in `str()`, f-strings, `%s` logging, JSON,
+    metric labels and as a dict key (Python 3.10 has no `enum.StrEnum`)."""
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+    def __format__(self, spec: str) -> str:
+        return format(str(self.value), spec)
+
+    def __hash__(self) -> int:  # as the value's: a dict keyed by one finds the other
+        return hash(str(self.value))
+
+
+class EndReason(WireEnum):
     """A fixed end reason; the value is the wire string."""
 
     # Someone hung up.
@@ -59,15 +73,6 @@ class EndReason(str, Enum):
     ENDED = "ended"  # outbound: BYE text for a 2xx it cannot use (ended, or another fork)
     # Metrics only: a leg removed without having been closed.
     UNKNOWN = "unknown"
-
-    def __str__(self) -> str:
-        return str(self.value)
-
-    def __format__(self, spec: str) -> str:
-        return format(str(self.value), spec)
-
-    def __hash__(self) -> int:  # as the wire string's: a dict keyed by one finds the other
-        return hash(str(self.value))
 
 
 CodedEnding = NewType("CodedEnding", str)

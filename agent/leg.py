@@ -26,6 +26,7 @@ from agent.audio.framing import FrameAssembler
 from agent.audio.pacer import Pacer
 from agent.audio.playout import PlayoutBuffer
 from agent.call_settings import CallSettings
+from agent.end_reason import Ending, EndReason
 from agent.errors import AgentError
 from agent.plugins.base import Plugin, PluginError, RuntimeConfig, SessionConfig, StepOutput
 from agent.realtime.events import error_event, error_event_from
@@ -33,7 +34,7 @@ from agent.realtime.sideband import SidebandHub
 from agent.recording import CallRecorder, recorder_for, take_record_option
 from agent.task_owner import TaskOwner
 from agent.ticker import PluginSlot, Ticker
-from agent.watchdog import MAX_CALL_SECONDS, Watchdog
+from agent.watchdog import Watchdog
 
 log = logging.getLogger(__name__)
 
@@ -92,8 +93,8 @@ class Leg:
         # Observers of the events over GET /v1/realtime?call_id= (realtime/sideband.py).
         self.sidebands = SidebandHub(self)
         self.watchdog = Watchdog(settings)
-        self.end_reason: str | None = None
-        self.ending_reason: str | None = None  # set while the caller is told why it ends
+        self.end_reason: Ending | None = None
+        self.ending_reason: Ending | None = None  # set while the caller is told why it ends
         self.queued_samples = 0  # agent samples ever put in the playout buffer
         self.pacer: Pacer | None = None  # the transport's outbound pacing, where it has one
         self.closed = asyncio.Event()
@@ -134,7 +135,7 @@ class Leg:
         while True:
             await asyncio.sleep(WATCHDOG_INTERVAL)
             reason = self.watchdog.verdict(time.monotonic())
-            if reason == MAX_CALL_SECONDS:
+            if reason == EndReason.MAX_CALL_SECONDS:
                 await self.on_time_limit(self.settings.max_call_seconds)
                 return
             if reason is not None:
@@ -142,9 +143,9 @@ class Leg:
                 return
 
     async def on_time_limit(self, limit: float) -> None:
-        await self.close("max_call_seconds")
+        await self.close(EndReason.MAX_CALL_SECONDS)
 
-    async def end_with_notice(self, reason: str, message: str | None = None) -> None:
+    async def end_with_notice(self, reason: Ending, message: str | None = None) -> None:
         """End the leg, first telling the caller why where its transport can (see
         `notify_ending`). Without a message the caller was already told (an error event
         emitted just before), and that event is given the same time to leave."""
@@ -156,11 +157,11 @@ class Leg:
             await asyncio.sleep(NOTICE_SECONDS)
         await self.close(reason)
 
-    def notify_ending(self, reason: str, message: str) -> bool:
+    def notify_ending(self, reason: Ending, message: str) -> bool:
         """Tell the caller the leg is about to end; True if something was sent."""
         return False
 
-    async def close(self, reason: str = "hangup") -> None:
+    async def close(self, reason: Ending = EndReason.HANGUP) -> None:
         """End the leg (idempotent). The teardown runs in its own task, so a caller that is
         cancelled meanwhile (an HTTP or websocket handler, one of the leg's own tasks) cannot
         cut it short."""
@@ -172,7 +173,7 @@ class Leg:
             self._close_task = asyncio.ensure_future(self._teardown(reason))
         await asyncio.shield(self._close_task)
 
-    async def _teardown(self, reason: str) -> None:
+    async def _teardown(self, reason: Ending) -> None:
         self.tasks.cancel_all()
         try:
             if self.slot is not None:
@@ -190,7 +191,7 @@ class Leg:
         self.closed.set()
         self._on_closed(self)
 
-    async def close_transport(self, reason: str) -> None:
+    async def close_transport(self, reason: Ending) -> None:
         """Release the transport's sockets and codecs; transports override."""
 
     # -- media ------------------------------------------------------------------------------

@@ -15,6 +15,7 @@ from aiortc import RTCConfiguration, RTCIceServer, RTCPeerConnection
 
 from agent.audio.send_clock import SendClock
 from agent.call_settings import CallSettings
+from agent.end_reason import EndReason
 from agent.errors import CallError
 from agent.leg import Leg, media_counts, prepare_config
 from agent.leg_registry import LegRegistry
@@ -192,7 +193,7 @@ class MediaAgent:
         except BaseException as exc:
             if isinstance(exc, RtcPortsExhausted):
                 self.metrics.refused(exc.code)
-            await call.close("setup_failed")
+            await call.close(EndReason.SETUP_FAILED)
             raise
         self.legs.add(call)
         call.start_watchdog()
@@ -231,7 +232,7 @@ class MediaAgent:
         leg = self.legs.get(call_id)
         if leg is None:
             return False
-        await leg.close("hangup")
+        await leg.close(EndReason.HANGUP)
         return True
 
     def health(self) -> dict[str, Any]:
@@ -248,7 +249,7 @@ class MediaAgent:
         }
 
     async def close(self) -> None:
-        await asyncio.gather(*(leg.close("shutdown") for leg in self.legs),
+        await asyncio.gather(*(leg.close(EndReason.SHUTDOWN) for leg in self.legs),
                              return_exceptions=True)
         self.send_clock.close()
         await self.ticker.close()

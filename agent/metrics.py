@@ -22,6 +22,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
+from agent.end_reason import Ending, EndReason
 from agent.leg import media_counts
 
 if TYPE_CHECKING:
@@ -85,8 +86,8 @@ class AgentMetrics:
     def call_started(self, transport: str) -> None:
         self.calls_started.labels(transport, self.plugin_id).inc()
 
-    def call_ended(self, transport: str, reason: str | None, media: dict[str, int]) -> None:
-        self.calls_ended.labels(transport, reason or "unknown").inc()
+    def call_ended(self, transport: str, reason: Ending | None, media: dict[str, int]) -> None:
+        self.calls_ended.labels(transport, reason or EndReason.UNKNOWN).inc()
         for name, value in media.items():
             self.ended_totals[(transport, name)] += value
 

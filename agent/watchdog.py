@@ -12,11 +12,7 @@ from __future__ import annotations
 import time
 
 from agent.call_settings import CallSettings
-
-CONNECT_TIMEOUT = "connect_timeout"
-IDLE_TIMEOUT = "idle_timeout"
-MAX_CALL_SECONDS = "max_call_seconds"
-MEDIA_TIMEOUT = "media_timeout"
+from agent.end_reason import EndReason
 
 
 class Watchdog:
@@ -36,20 +32,22 @@ class Watchdog:
         """Caller audio arrived."""
         self.last_inbound_at = time.monotonic() if now is None else now
 
-    def verdict(self, now: float) -> str | None:
+    def verdict(self, now: float) -> EndReason | None:
         """Why the leg must end now (an end reason), or None while it may go on."""
         settings = self.settings
         media = self.media_timeout
         if self.media_started_at is None:
             if media is not None:
-                return MEDIA_TIMEOUT if now - self.started_at > media else None
-            return CONNECT_TIMEOUT if now - self.started_at > settings.connect_timeout else None
+                return EndReason.MEDIA_TIMEOUT if now - self.started_at > media else None
+            if now - self.started_at > settings.connect_timeout:
+                return EndReason.CONNECT_TIMEOUT
+            return None
         silent = now - (self.last_inbound_at or self.media_started_at)
         if media is not None and silent > media:
-            return MEDIA_TIMEOUT
+            return EndReason.MEDIA_TIMEOUT
         if media is None and silent > settings.idle_timeout:
-            return IDLE_TIMEOUT
+            return EndReason.IDLE_TIMEOUT
         limit = settings.max_call_seconds
         if limit and now - self.media_started_at > limit:
-            return MAX_CALL_SECONDS
+            return EndReason.MAX_CALL_SECONDS
         return None

@@ -23,6 +23,7 @@ from collections.abc import AsyncIterator, Callable
 
 from aiohttp import web
 
+from agent.end_reason import EndReason
 from agent.media_agent import MediaAgent
 from signaling.auth import AUTH_SETTINGS_KEY, principal_of
 from signaling.errors import ApiError
@@ -31,7 +32,7 @@ from signaling.keys import AGENT_KEY
 log = logging.getLogger(__name__)
 
 DEFAULT_DRAIN_SECONDS = 30.0
-DRAIN_REASON = "server_draining"
+DRAIN_REASON = EndReason.SERVER_DRAINING
 POLL_INTERVAL = 0.1
 
 

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field, replace
 from aiohttp import WSMsgType, web
 from yarl import URL
 
+from agent.end_reason import EndReason
 from agent.media_agent import ON_PLACED
 from agent.plugins.base import SessionConfig
 from agent.telephony.address_policy import DEFAULT_RTP_ALLOW, parse_networks
@@ -161,7 +162,7 @@ async def media_stream(request: web.Request) -> web.StreamResponse:
             if session.closing:
                 break
     finally:
-        await session.close(session.end_reason or "socket_closed")
+        await session.close(session.end_reason or EndReason.SOCKET_CLOSED)
     return socket
 
 
@@ -212,7 +213,7 @@ async def get_rtp(request: web.Request) -> web.Response:
 
 async def delete_rtp(request: web.Request) -> web.Response:
     leg = _rtp_leg(request)
-    await leg.close("hangup")
+    await leg.close(EndReason.HANGUP)
     return web.json_response({"call_id": leg.id, "ended": True, "reason": leg.end_reason})
 
 

@@ -20,6 +20,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from agent.end_reason import CodedEnding, EndReason, coded
 from agent.errors import AgentError
 
 
@@ -149,11 +150,11 @@ class StepOutput:
     end_call: bool = False
 
     @property
-    def end_reason(self) -> str | None:
+    def end_reason(self) -> EndReason | CodedEnding | None:
         """Why the call should end after this frame (the error's code), or None to go on."""
         if not self.end_call:
             return None
-        return self.error.code if self.error is not None else "plugin_ended"
+        return coded(self.error.code) if self.error is not None else EndReason.PLUGIN_ENDED
 
     def mono_audio(self) -> np.ndarray:
         """The audio as one channel (channels averaged) for playout."""

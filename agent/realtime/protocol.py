@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
+from agent.end_reason import Ending
 from agent.errors import AgentError
 from agent.plugins.base import Capabilities, Plugin, SessionConfig, StepOutput
 from agent.realtime.client_inbox import ClientEventInbox, RawEvent
@@ -227,5 +228,5 @@ class RealtimeProtocol:
             dropped_ms=round(dropped / self.leg.capabilities.sample_rate * 1000),
         ))
 
-    def notify_ending(self, reason: str, message: str) -> None:
+    def notify_ending(self, reason: Ending, message: str) -> None:
         self.leg.emit(server_event("call.ending", reason=reason, message=message))

@@ -28,6 +28,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from agent.end_reason import Ending, EndReason
 from agent.errors import AgentError
 from agent.realtime.client_inbox import ClientEventInbox, RawEvent
 from agent.realtime.events import (
@@ -207,10 +208,11 @@ class SidebandHub:
         if self._own_protocol and self._protocol is not None and self.sidebands:
             self._protocol.on_output(output, audio)
 
-    def _ending_reason(self) -> str:
-        return getattr(self.leg, "end_reason", None) or "hangup"
+    def _ending_reason(self) -> Ending:
+        reason: Ending | None = getattr(self.leg, "end_reason", None)
+        return reason or EndReason.HANGUP
 
-    def end(self, reason: str) -> None:
+    def end(self, reason: Ending) -> None:
         """The leg is closing: `call.ending` (unless already sent), then every sideband is
         finished once its queue is sent."""
         if self.ended:

@@ -23,6 +23,7 @@ from agent.audio.clock import MonotonicClock
 from agent.audio.pacer import Pacer
 from agent.audio.pcm import PTIME
 from agent.call_settings import CallSettings
+from agent.end_reason import Ending, EndReason
 from agent.leg import Leg, playout_stats
 from agent.realtime.events import server_event
 from agent.realtime.rate_limit import TokenBucket
@@ -69,13 +70,13 @@ class TelephonyLeg(Leg):
     def start_sending(self) -> None:
         self.tasks.spawn(self._send_loop(), "send")
 
-    async def close_transport(self, reason: str) -> None:
+    async def close_transport(self, reason: Ending) -> None:
         try:
             await self.close_socket(reason)
         finally:
             self.resampler.close()
 
-    async def close_socket(self, reason: str) -> None:
+    async def close_socket(self, reason: Ending) -> None:
         """Release the socket; subclasses override."""
 
     # -- media ------------------------------------------------------------------------------
@@ -115,7 +116,7 @@ class TelephonyLeg(Leg):
 
     def end_on_send_error(self, exc: BaseException) -> None:
         log.info("%s: send failed (%r); ending", self.id, exc)
-        self.tasks.spawn(self.close("transport_closed"), "close")
+        self.tasks.spawn(self.close(EndReason.TRANSPORT_CLOSED), "close")
 
     async def send_chunk(self, payload: bytes) -> None:
         """One encoded chunk to the far end; a leg that uses `start_sending`'s loop overrides."""

@@ -27,6 +27,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
+from agent.end_reason import Ending, EndReason, start_refused
 from agent.errors import AgentError
 from agent.leg import prepare_config
 from agent.logs.log_safe import LogThrottle, held_back_note, printable
@@ -133,7 +134,7 @@ class MediaStreamLeg(TelephonyLeg):
         elif event == "dtmf":
             await self._on_dtmf(message)
         elif event == "stop":
-            await self.close("stop")
+            await self.close(EndReason.STOP)
         else:
             raise ProtocolError("unknown_event", f"unknown event '{event}'")
 
@@ -163,7 +164,7 @@ class MediaStreamLeg(TelephonyLeg):
             await self._send_error(exc.code, exc.message)
             close_code = CLOSE_TRY_AGAIN if exc.status == 503 else CLOSE_POLICY
             await self._close_socket(close_code, exc.code)
-            await self.close(f"start_refused:{exc.code}")
+            await self.close(start_refused(exc.code))
             return
         self.started = True
         self.start_sending()
@@ -242,7 +243,7 @@ class MediaStreamLeg(TelephonyLeg):
         except (ConnectionError, RuntimeError) as exc:
             log.debug("media stream %s: error not sent: %r", self.id, exc)
 
-    async def close_socket(self, reason: str) -> None:
+    async def close_socket(self, reason: Ending) -> None:
         try:
             await self._close_socket(1000, reason[:100])
         finally:

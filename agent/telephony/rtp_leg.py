@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 from aiortc.rtp import RtpPacket
 
+from agent.end_reason import Ending, EndReason
 from agent.errors import CallError
 from agent.leg import prepare_config
 from agent.plugins.base import SessionConfig
@@ -359,7 +360,7 @@ class RtpLeg(TelephonyLeg):
     def _ms(self, samples: int | None) -> float | None:
         return None if samples is None else round(1000 * samples / self.codec.sample_rate, 3)
 
-    async def close_socket(self, reason: str) -> None:
+    async def close_socket(self, reason: Ending) -> None:
         self._stop_sending()
         self.socket.close()
         self._release_inbound()
@@ -442,7 +443,7 @@ async def open_rtp_leg(agent: MediaAgent, remote: Address | None, codec: Narrowb
     try:
         await leg.open_plugin_slot(await prepare_config(leg.plugin, session))
     except BaseException:
-        await leg.close("setup_failed")
+        await leg.close(EndReason.SETUP_FAILED)
         raise
     leg.start_watchdog()
     leg.start_sending()

@@ -20,6 +20,7 @@ from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
 from agent import rtc_tuning
 from agent.call_settings import CallSettings
+from agent.end_reason import Ending, EndReason
 from agent.errors import CallError
 from agent.leg import Leg, playout_stats
 from agent.plugins.base import Plugin, StepOutput
@@ -74,14 +75,16 @@ class WebRtcLeg(Leg):
         if state == "connected":
             if self.watchdog.media_started_at is None and self.ice.restartable is not None:
                 self.tasks.spawn(self.ice.supervise(lambda: self.connected_at,
-                                                    lambda: self.close("connection_lost")),
+                                                    lambda: self.close(EndReason.CONNECTION_LOST)),
                                  "reconnect")
             self.watchdog.media_started()
         elif state == "failed" and self.ice.restartable is not None and (
                 self.connected_at is not None):
             pass  # the path is gone: CallIce.supervise gives the caller its grace
-        elif state in ("failed", "closed"):
-            self.tasks.spawn(self.close(f"connection_{state}"), "close")
+        elif state == "failed":
+            self.tasks.spawn(self.close(EndReason.CONNECTION_FAILED), "close")
+        elif state == "closed":
+            self.tasks.spawn(self.close(EndReason.CONNECTION_CLOSED), "close")
 
     @property
     def ice_generation(self) -> int:
@@ -94,7 +97,7 @@ class WebRtcLeg(Leg):
         channel.on("close", self.realtime.detach)
         self.realtime.attach(channel.send)
 
-    async def close_transport(self, reason: str) -> None:
+    async def close_transport(self, reason: Ending) -> None:
         self.track.stop()
         try:
             # pc.close() can hang on a dead transport; never let it pin the leg.
@@ -182,7 +185,7 @@ class WebRtcLeg(Leg):
     def deliver(self, event: dict[str, Any]) -> None:
         self.realtime.channel.send(event)
 
-    def notify_ending(self, reason: str, message: str) -> bool:
+    def notify_ending(self, reason: Ending, message: str) -> bool:
         self.realtime.notify_ending(reason, message)
         return True
 
@@ -190,7 +193,7 @@ class WebRtcLeg(Leg):
         # OpenAI's own clients recognise this error code as the session's hard end.
         self.emit(error_event("session_expired",
                               f"the call hit its maximum duration of {limit:g} s"))
-        await self.end_with_notice("max_call_seconds", f"calls are limited to {limit:g} s")
+        await self.end_with_notice(EndReason.MAX_CALL_SECONDS, f"calls are limited to {limit:g} s")
 
     def describe_session(self) -> dict[str, Any]:
         return self.realtime.describe_session()

@@ -25,6 +25,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from agent.end_reason import Ending, EndReason
 from agent.leg import prepare_config
 from agent.media_agent import MediaAgent
 from agent.plugins.base import SessionConfig
@@ -45,7 +46,7 @@ from signaling.sip.sdp import AudioChoice
 # key of no tenant), may list and end it through /v1/realtime/calls/{id} like any call.
 SIP_OWNER = Principal("sip")
 
-LegClosed = Callable[["SipRtpLeg", str], None]
+LegClosed = Callable[["SipRtpLeg", Ending], None]
 
 DEFAULT_MEDIA_TIMEOUT = 10.0  # seconds without the far end's RTP before a SIP call ends
 
@@ -100,7 +101,7 @@ class SipRtpLeg(RtpLeg):
         else:
             self._play_one()
 
-    async def close_socket(self, reason: str) -> None:
+    async def close_socket(self, reason: Ending) -> None:
         try:
             await super().close_socket(reason)
         finally:
@@ -140,7 +141,7 @@ async def open_sip_leg(agent: MediaAgent, choice: AudioChoice, settings: RtpSett
     try:
         await leg.open_plugin_slot(await prepare_config(leg.plugin, session or SessionConfig()))
     except BaseException:
-        await leg.close("setup_failed")
+        await leg.close(EndReason.SETUP_FAILED)
         raise
     leg.on_closed = on_closed  # from here on, the call's end is the user agent's to signal
     leg.start_watchdog()

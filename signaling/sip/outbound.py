@@ -50,6 +50,7 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Any
 
+from agent.end_reason import Ending, EndReason, coded
 from agent.errors import AgentError, CallError
 from agent.leg import PreparedConfig, prepare_config
 from agent.logs.log_safe import printable
@@ -90,13 +91,14 @@ RINGING = "ringing"  # a provisional answer came
 ANSWERED = "answered"
 ENDED = "ended"
 
-ENDINGS = {486: "busy", 600: "busy", 480: "no_answer", 404: "not_found", 604: "not_found",
-           408: "timeout", 401: "auth_failed", 407: "auth_failed"}
+ENDINGS = {486: EndReason.BUSY, 600: EndReason.BUSY, 480: EndReason.NO_ANSWER,
+           404: EndReason.NOT_FOUND, 604: EndReason.NOT_FOUND, 408: EndReason.TIMEOUT,
+           401: EndReason.AUTH_FAILED, 407: EndReason.AUTH_FAILED}
 
 
-def ending_for(status: int) -> str:
+def ending_for(status: int) -> EndReason:
     """The coded ending of a final failure status."""
-    return ENDINGS.get(status, "rejected")
+    return ENDINGS.get(status, EndReason.REJECTED)
 
 
 def build_offer(host: str, port: int, session_id: int, version: int = 1,
@@ -142,14 +144,14 @@ class OutboundCall:
     rtp: tuple[asyncio.DatagramTransport, RtpProtocol, int]
     admission: contextlib.ExitStack
     state: str = CALLING
-    reason: str | None = None
+    reason: Ending | None = None
     sip_status: int | None = None
     cseq: int = 1
     invite: SipRequest | None = None
     invite_tx: ClientTransaction | None = None
     authenticated: bool = False
     provisional: bool = False
-    cancel_reason: str | None = None  # a CANCEL is wanted (or sent) for this reason
+    cancel_reason: Ending | None = None  # a CANCEL is wanted (or sent) for this reason
     cancel_sent: bool = False
     dialog: Dialog | None = None
     ack: tuple[bytes, Flow] | None = None
@@ -303,7 +305,7 @@ class Dialer:
             except Exception:
                 log.exception("sip: outbound call %s: handling %d failed", call.call_id,
                               response.status)
-                self._end(call, "internal_error")
+                self._end(call, EndReason.INTERNAL_ERROR)
 
         call.invite_tx = self.ua.transactions.new_client(
             call.invite, call.flow.send, call.flow.reliable, on_response,
@@ -360,7 +362,7 @@ class Dialer:
     def _on_invite_timeout(self, call: OutboundCall) -> None:
         if call.state != ENDED:
             call.sip_status = 408
-            self._end(call, call.cancel_reason or "timeout")
+            self._end(call, call.cancel_reason or EndReason.TIMEOUT)
 
     def _authenticate(self, call: OutboundCall, response: SipResponse) -> None:
         proxy = response.status == 407
@@ -373,7 +375,7 @@ class Dialer:
         call.sip_status = response.status
         if header is None:
             self._count("auth_failed")
-            self._end(call, "auth_failed")
+            self._end(call, EndReason.AUTH_FAILED)
             return
         call.authenticated = True
         call.cseq += 1
@@ -383,7 +385,7 @@ class Dialer:
     async def _unusable_answer(self, call: OutboundCall, response: SipResponse) -> None:
         """A 2xx without a usable Contact or Record-Route: no dialog can be made from it."""
         log.info("sip: outbound call %s: unusable 2xx (Contact/Record-Route)", call.call_id)
-        self._end(call, "setup_failed")
+        self._end(call, EndReason.SETUP_FAILED)
 
     async def _on_answer(self, call: OutboundCall, response: SipResponse) -> None:
         try:
@@ -391,7 +393,7 @@ class Dialer:
         except Exception:
             log.exception("sip: outbound call %s: taking the answer failed", call.call_id)
             if call.state != ENDED:
-                await self._bye(call, "setup_failed")
+                await self._bye(call, EndReason.SETUP_FAILED)
 
     async def _answered(self, call: OutboundCall, response: SipResponse) -> None:
         dialog = call.dialog
@@ -462,7 +464,7 @@ class Dialer:
         assert call.dialog is not None
         call.ack = await self._ack_of(call, call.dialog)
         if call.ack is None:
-            self._end(call, "unreachable")
+            self._end(call, EndReason.UNREACHABLE)
             return
         self._resend_ack(call)
 
@@ -487,7 +489,7 @@ class Dialer:
         ack = await self._ack_of(call, dialog)
         if ack is not None:
             ack[1].send(ack[0])
-            await self._send_bye(call, "ended", dialog)
+            await self._send_bye(call, EndReason.ENDED, dialog)
 
     async def _open_early(self, call: OutboundCall, response: SipResponse) -> None:
         """Early media: the leg opens on the 183's SDP, listening only until the answer."""
@@ -500,37 +502,37 @@ class Dialer:
 
     @staticmethod
     def _answer_choice(response: SipResponse | SipRequest,
-                       codecs: tuple[str, ...] | None = None) -> AudioChoice | str:
+                       codecs: tuple[str, ...] | None = None) -> AudioChoice | Ending:
         if response.content_type != "application/sdp" or not response.body:
-            return "no_sdp_answer"
+            return EndReason.NO_SDP_ANSWER
         answer = parse_sdp(response.body)
         if isinstance(answer, SdpError):
-            return answer.code
+            return coded(answer.code)
         choice = choose_audio(answer) if codecs is None else choose_audio(answer, codecs)
-        return choice.code if isinstance(choice, SdpError) else choice
+        return coded(choice.code) if isinstance(choice, SdpError) else choice
 
-    def _answer_early_leg(self, call: OutboundCall, response: SipResponse) -> str | None:
+    def _answer_early_leg(self, call: OutboundCall, response: SipResponse) -> Ending | None:
         """The 2xx of a call whose leg early media opened: its SDP (else the 183's) sets the
         leg's direction and remote on the same codec; then the agent sends."""
         leg = call.leg
         assert leg is not None
         source = response if response.body else call.early_response
         choice = (self._answer_choice(source, (leg.codec.name,)) if source is not None
-                  else "no_sdp_answer")
+                  else EndReason.NO_SDP_ANSWER)
         if isinstance(choice, str):
             return choice
         try:
             if choice.remote is not None:
                 check_remote(choice.remote[0], self.ua.rtp)
         except AgentError as exc:
-            return exc.code
+            return coded(exc.code)
         leg.apply(choice, choice.answer_direction)
         leg.vouch(call.flow.remote[0])
         leg.start_watchdog()
         return None
 
     async def _open_media(self, call: OutboundCall, response: SipResponse,
-                          early: bool = False) -> str | None:
+                          early: bool = False) -> Ending | None:
         """The RTP leg on the answer's codec and address; the reason it failed, else None.
         `early`: on a 183's SDP, the agent listening only (no watchdog yet)."""
         ua, agent = self.ua, self.ua.agent
@@ -561,12 +563,12 @@ class Dialer:
         except AgentError as exc:
             failed, call.leg = call.leg, None
             if failed is not None:
-                await failed.close("setup_failed")
-            return exc.code
+                await failed.close(EndReason.SETUP_FAILED)
+            return coded(exc.code)
         if call.state == ENDED or call.cancel_reason is not None:
             call.leg = None
-            await leg.close("hangup")
-            return call.cancel_reason or "ended"
+            await leg.close(EndReason.HANGUP)
+            return call.cancel_reason or EndReason.ENDED
         self._by_leg[leg.id] = call
         leg.on_closed = self._on_leg_closed
         if not early:
@@ -580,9 +582,9 @@ class Dialer:
         call.timers.pop("ring", None)
         if call.state in (CALLING, RINGING):
             self._count("no_answer")
-            self.cancel(call, "no_answer")
+            self.cancel(call, EndReason.NO_ANSWER)
 
-    def cancel(self, call: OutboundCall, reason: str) -> None:
+    def cancel(self, call: OutboundCall, reason: Ending) -> None:
         """Stop a call that is not answered yet: CANCEL once a provisional came (§9.1)."""
         if call.state not in (CALLING, RINGING) or call.cancel_reason is not None:
             return
@@ -614,16 +616,17 @@ class Dialer:
         if call.state != ENDED:
             if call.invite_tx is not None:
                 call.invite_tx.terminate()
-            self._end(call, call.cancel_reason or "timeout")
+            self._end(call, call.cancel_reason or EndReason.TIMEOUT)
 
-    async def hang_up(self, call: OutboundCall, reason: str = "hangup") -> None:
+    async def hang_up(self, call: OutboundCall,
+                      reason: Ending = EndReason.HANGUP) -> None:
         """End the call from this side: CANCEL before the answer, BYE after it."""
         if call.state in (CALLING, RINGING):
             self.cancel(call, reason)
         elif call.state == ANSWERED and call.leg is not None:
             await call.leg.close(reason)  # _on_leg_closed sends the BYE
 
-    def _on_leg_closed(self, leg: SipRtpLeg, reason: str) -> None:
+    def _on_leg_closed(self, leg: SipRtpLeg, reason: Ending) -> None:
         call = self._by_leg.pop(leg.id, None)
         if call is None or call.state == ENDED:
             return
@@ -633,13 +636,13 @@ class Dialer:
             return
         self.tasks.spawn(self._bye(call, reason), "bye")
 
-    async def _bye(self, call: OutboundCall, reason: str) -> None:
+    async def _bye(self, call: OutboundCall, reason: Ending) -> None:
         try:
             await self._send_bye(call, reason)
         finally:
             self._end(call, reason)
 
-    async def _send_bye(self, call: OutboundCall, reason: str,
+    async def _send_bye(self, call: OutboundCall, reason: Ending,
                         dialog: Dialog | None = None) -> None:
         dialog = dialog or call.dialog
         if dialog is None:
@@ -684,8 +687,8 @@ class Dialer:
             if leg is not None:
                 self._by_leg.pop(leg.id, None)
                 leg.on_closed = None
-                self.tasks.spawn(leg.close("remote_hangup"), "leg-close")
-            self._end(call, "remote_hangup")
+                self.tasks.spawn(leg.close(EndReason.REMOTE_HANGUP), "leg-close")
+            self._end(call, EndReason.REMOTE_HANGUP)
             return True
         if request.method == "OPTIONS":
             tx.respond(respond(request, 200, headers=[("Allow", ALLOW)]))
@@ -787,11 +790,11 @@ class Dialer:
             try:
                 check_remote(choice.remote[0], self.ua.rtp)
             except AgentError as exc:
-                choice = exc.code
+                choice = coded(exc.code)
         if isinstance(choice, str):
             log.info("sip: outbound call %s: unusable answer in the ACK (%s)", call.call_id,
                      choice)
-            self.tasks.spawn(self.hang_up(call, "bad_answer"), "bad-answer")
+            self.tasks.spawn(self.hang_up(call, EndReason.BAD_ANSWER), "bad-answer")
             return
         leg.apply(choice, choice.answer_direction)
         call.note("call.media_updated", method="ACK", direction=choice.answer_direction)
@@ -804,14 +807,14 @@ class Dialer:
                  call.call_id)
         call.ack_cseq = None
         self._stop_timer(call, "2xx")
-        self.tasks.spawn(self.hang_up(call, "no_ack"), "no-ack")
+        self.tasks.spawn(self.hang_up(call, EndReason.NO_ACK), "no-ack")
 
     def _stop_timer(self, call: OutboundCall, name: str) -> None:
         handle = call.timers.pop(name, None)
         if handle is not None:
             handle.cancel()
 
-    def _end(self, call: OutboundCall, reason: str) -> None:
+    def _end(self, call: OutboundCall, reason: Ending) -> None:
         if call.state == ENDED:
             return
         previous = call.state
@@ -852,12 +855,12 @@ class Dialer:
     async def close(self, grace: float = 2.0) -> None:
         """Stop every call (CANCEL or BYE), give them `grace` seconds, then end the rest."""
         for call in list(self.live.values()):
-            await self.hang_up(call, "shutdown")
+            await self.hang_up(call, EndReason.SHUTDOWN)
         deadline = time.monotonic() + grace
         while self.live and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
         for call in list(self.live.values()):
-            self._end(call, "shutdown")
+            self._end(call, EndReason.SHUTDOWN)
         cancelled = self.tasks.cancel_all()
         if cancelled:
             await asyncio.gather(*cancelled, return_exceptions=True)

@@ -23,6 +23,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from agent.end_reason import EndReason
 from agent.errors import AgentError
 from agent.logs.log_safe import printable
 from agent.task_owner import TaskOwner
@@ -193,7 +194,7 @@ class Transfers:
         log.info("sip: call %s transferred to %s", transfer.call_id,
                  printable(str(transfer.target)))
         self._finish(transfer)
-        self.tasks.spawn(transfer.leg.close("transferred"), "transferred")
+        self.tasks.spawn(transfer.leg.close(EndReason.TRANSFERRED), "transferred")
 
     def _fail(self, transfer: Transfer, code: str, message: str) -> None:
         if transfer.state in ("completed", "failed"):

@@ -50,6 +50,7 @@ from dataclasses import dataclass, field
 import aiohttp
 from standardwebhooks import Webhook
 
+from agent.end_reason import Ending, EndReason
 from agent.errors import AgentError, CallError
 from agent.logs.log_safe import LogThrottle, held_back_note, printable
 from agent.media_agent import MediaAgent
@@ -147,7 +148,7 @@ class SipCall:
     sdp_version: int = 1
     local_sdp: bytes = b""
     ack_cseq: int = 0  # the CSeq an ACK must carry for the 2xx being retransmitted
-    bye_reason: str | None = None  # the leg ended before the ACK: BYE once it comes
+    bye_reason: Ending | None = None  # the leg ended before the ACK: BYE once it comes
     tasks: TaskOwner = field(default_factory=lambda: TaskOwner("sip-call"))
     timers: dict[str, TimerHandle] = field(default_factory=dict)
     # The id of the call in the HTTP API (/v1/realtime/calls/{id}), its leg's id once open.
@@ -250,8 +251,8 @@ class UserAgent:
             if call.state == EARLY:
                 self._reject(call, 503, headers=[("Retry-After", str(RETRY_AFTER_SECONDS))])
             elif call.state in (ANSWERED, CONFIRMED):
-                self._detach_leg(call, "shutdown")
-                self._hangup(call, "shutdown")
+                self._detach_leg(call, EndReason.SHUTDOWN)
+                self._hangup(call, EndReason.SHUTDOWN)
         deadline = time.monotonic() + STOP_GRACE_SECONDS
         while self.tasks and time.monotonic() < deadline:  # the BYEs, until answered
             await asyncio.sleep(0.05)
@@ -649,7 +650,7 @@ class UserAgent:
             return
         if call.state != EARLY:  # cancelled, or hung up, while the leg was being opened
             leg.on_closed = None
-            await leg.close("cancelled")
+            await leg.close(EndReason.CANCELLED)
             return
         call.leg = leg
         self._by_leg[leg.id] = call
@@ -780,7 +781,7 @@ class UserAgent:
             call.invite_tx.respond(self._response(call.invite, status,
                                                   to_tag=call.dialog.local_tag, reason=reason,
                                                   headers=headers))
-        self._end(call, "rejected")
+        self._end(call, EndReason.REJECTED)
 
     # -- 2xx retransmission and ACK (§13.3.1.4) ---------------------------------------------
 
@@ -808,8 +809,8 @@ class UserAgent:
                  printable(call.dialog.call_id), self.config.timers.timeout)
         self.counters["no_ack"] += 1
         self._stop_2xx(call)
-        self._detach_leg(call, "no_ack")
-        self._hangup(call, call.bye_reason or "no_ack")
+        self._detach_leg(call, EndReason.NO_ACK)
+        self._hangup(call, call.bye_reason or EndReason.NO_ACK)
 
     def _on_ack(self, ack: SipRequest, flow: Flow) -> None:
         tx = self.transactions.find_server(ack)
@@ -855,7 +856,7 @@ class UserAgent:
             call.invite_tx.respond(self._response(call.invite, 487,
                                                   to_tag=call.dialog.local_tag))
         self.counters["remote_hangups"] += 1
-        self._end(call, "remote_hangup")
+        self._end(call, EndReason.REMOTE_HANGUP)
 
     def _on_cancel(self, request: SipRequest, tx: ServerTransaction) -> None:
         invite_tx = self.transactions.find_invite(request)
@@ -871,7 +872,7 @@ class UserAgent:
         invite_tx.respond(self._response(invite_tx.request, 487, to_tag=to_tag))
         self.counters["cancelled"] += 1
         if call is not None:
-            self._end(call, "cancelled")
+            self._end(call, EndReason.CANCELLED)
 
     def _on_reinvite(self, request: SipRequest, tx: InviteServerTransaction) -> None:
         call = self.calls.get(dialog_id_of(request))
@@ -960,8 +961,8 @@ class UserAgent:
             self.counters["bad_answers"] += 1
             log.info("sip: call %s: unusable answer in the ACK (%s); ending it",
                      printable(call.dialog.call_id), taken.code)
-            self._detach_leg(call, "bad_answer")
-            call.bye_reason = "bad_answer"
+            self._detach_leg(call, EndReason.BAD_ANSWER)
+            call.bye_reason = EndReason.BAD_ANSWER
             return
         if taken.srtp is not None and leg.srtp is not None:
             leg.srtp.rekey_inbound(taken.srtp)
@@ -983,7 +984,7 @@ class UserAgent:
 
     # -- ending calls -----------------------------------------------------------------------
 
-    def _on_leg_closed(self, leg: SipRtpLeg, reason: str) -> None:
+    def _on_leg_closed(self, leg: SipRtpLeg, reason: Ending) -> None:
         """The media leg ended (hang-up over HTTP, media timeout, drain, shutdown...)."""
         call = self._by_leg.pop(leg.id, None)
         if call is None or call.state in (ENDING, ENDED):
@@ -994,7 +995,7 @@ class UserAgent:
             return
         self._hangup(call, reason)
 
-    def _detach_leg(self, call: SipCall, reason: str) -> None:
+    def _detach_leg(self, call: SipCall, reason: Ending) -> None:
         leg, call.leg = call.leg, None
         if leg is None:
             return
@@ -1002,7 +1003,7 @@ class UserAgent:
         leg.on_closed = None
         self.tasks.spawn(leg.close(reason), "leg-close")
 
-    def _end(self, call: SipCall, reason: str) -> None:
+    def _end(self, call: SipCall, reason: Ending) -> None:
         """The call is over without a BYE of ours (theirs came, or it never got answered)."""
         self._detach_leg(call, reason)
         self._forget(call)
@@ -1026,7 +1027,7 @@ class UserAgent:
         if call.leg is not None:
             self._by_leg.pop(call.leg.id, None)
 
-    def _hangup(self, call: SipCall, reason: str) -> None:
+    def _hangup(self, call: SipCall, reason: Ending) -> None:
         if call.state in (ENDING, ENDED):
             return
         self._stop_2xx(call)
@@ -1034,7 +1035,7 @@ class UserAgent:
         self.counters["agent_hangups"] += 1
         self.tasks.spawn(self._send_bye(call, reason), "bye")
 
-    async def _send_bye(self, call: SipCall, reason: str) -> None:
+    async def _send_bye(self, call: SipCall, reason: Ending) -> None:
         try:
             transport = call.flow.transport
             request, hop = call.dialog.request("BYE", self.config.advertised_host,
