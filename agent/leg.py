@@ -27,7 +27,7 @@ from agent.audio.pacer import Pacer
 from agent.audio.playout import PlayoutBuffer
 from agent.call_settings import CallSettings
 from agent.end_reason import Ending, EndReason
-from agent.errors import AgentError
+from agent.errors import AgentError, CallError
 from agent.plugins.base import Plugin, PluginError, RuntimeConfig, SessionConfig, StepOutput
 from agent.realtime.events import error_event, error_event_from
 from agent.realtime.sideband import SidebandHub
@@ -65,8 +65,20 @@ async def prepare_config(plugin: Plugin, session_config: SessionConfig) -> Prepa
     return PreparedConfig(session_config, runtime_config, record_allowed)
 
 
+@dataclass(frozen=True)
+class LegCapabilities:
+    """What a leg's transport can do beyond carrying audio. Routes ask this, never the leg's
+    class: a new transport says here what it can, and no route changes."""
+
+    realtime_session: bool = False  # a Realtime session of its own (`describe_session`)
+    dtmf: bool = False  # RFC 4733 telephone-events on its stream (`send_dtmf`)
+    ice_restart: bool = False  # ICE: trickle, restarts, re-offers (`ice_generation`)
+    refer: bool = False  # a SIP dialog it can be transferred out of (REFER)
+
+
 class Leg:
     transport: ClassVar[str] = "leg"  # the metrics label: webrtc, media-stream, rtp
+    can: ClassVar[LegCapabilities] = LegCapabilities()  # (the plugin's: `capabilities`)
 
     def __init__(self, leg_id: str, plugin: Plugin, ticker: Ticker, settings: CallSettings,
                  on_closed: Callable[[Leg], None]) -> None:
@@ -239,6 +251,23 @@ class Leg:
 
     def deliver(self, event: dict[str, Any]) -> None:
         """Send an event where the transport's protocol has a place for it."""
+
+    # -- what some transports can do (`can`) -------------------------------------------------
+
+    def describe_session(self) -> dict[str, Any]:
+        """The Realtime session the transport speaks itself (`can.realtime_session`)."""
+        raise CallError("no_realtime_session", "this call has no session of its own",
+                        status=409)
+
+    def send_dtmf(self, digits: str) -> int:
+        """Queue keypad digits as telephone-events (`can.dtmf`); how many wait to be sent."""
+        raise CallError("dtmf_not_negotiated", "DTMF is sent on RTP and SIP calls only",
+                        status=409)
+
+    @property
+    def ice_generation(self) -> int:
+        """How many ICE restarts this call has begun (`can.ice_restart`; else 0)."""
+        return 0
 
     # -- reporting --------------------------------------------------------------------------
 

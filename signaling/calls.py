@@ -23,12 +23,12 @@ from typing import Any, Protocol
 
 from aiohttp import BodyPartReader, web
 
+from agent.leg import Leg
 from agent.media_agent import MediaAgent
 from agent.plugins.base import SessionConfig
 from agent.realtime import client_json
 from agent.realtime.session_config import session_config_from_realtime
 from agent.telephony.dtmf_sender import check_digits
-from agent.telephony.rtp_leg import RtpLeg
 from agent.webrtc.leg import WebRtcLeg
 from agent.webrtc.sdp import MAX_SDP_BYTES
 from agent.webrtc.trickle import parse_sdpfrag
@@ -90,9 +90,9 @@ class CallResources:
         return CallResource(call_id, etag_of(call_id, ice_generation(leg)), owner)
 
 
-def ice_generation(leg: object) -> int:
+def ice_generation(leg: Leg | None) -> int:
     """How many ICE restarts a call has begun (0 for legs that have no ICE)."""
-    return leg.ice_generation if isinstance(leg, WebRtcLeg) else 0
+    return leg.ice_generation if leg is not None and leg.can.ice_restart else 0
 
 
 def etag_of(call_id: str, generation: int = 0) -> str:
@@ -279,7 +279,7 @@ async def get_call(request: web.Request) -> web.Response:
     resource = request.app[RESOURCES_KEY].lookup(call_id, principal)
     body: dict[str, Any] = {"id": leg.id, "object": "realtime.call", "status": "active",
                             "transport": leg.transport}
-    if isinstance(leg, WebRtcLeg):
+    if leg.can.realtime_session:
         body["session"] = leg.describe_session()
     body.update({key: value for key, value in (signalling or {}).items() if key != "status"})
     body["stats"] = leg.stats()
@@ -372,12 +372,12 @@ async def post_dtmf(request: web.Request) -> web.Response:
     leg = request.app[AGENT_KEY].legs.get(resource.call_id)
     if leg is None:
         raise ApiError("call_not_found", "no such call", param="call_id", status=404)
-    if not isinstance(leg, RtpLeg):
+    if not leg.can.dtmf:
         raise ApiError("dtmf_not_negotiated", "DTMF is sent on RTP and SIP calls only",
                        status=409)
-    leg.send_dtmf(digits)  # CallError 409: no telephone-event, no remote, too many waiting
+    queued = leg.send_dtmf(digits)  # CallError 409: no telephone-event, no remote, too many
     return web.json_response({"id": leg.id, "object": "realtime.call.dtmf", "digits": digits,
-                              "queued": leg.dtmf_out.pending})
+                              "queued": queued})
 
 
 # The routes that name a call (the owning worker and node answer them: owned_routes.py).

@@ -29,12 +29,12 @@ from aiohttp import WSMsgType, web
 from yarl import URL
 
 from agent.end_reason import EndReason
+from agent.leg import Leg
 from agent.media_agent import ON_PLACED
 from agent.plugins.base import SessionConfig
 from agent.telephony.address_policy import DEFAULT_RTP_ALLOW, parse_networks
 from agent.telephony.media_stream import MediaStreamLeg
 from agent.telephony.rtp_leg import (
-    RtpLeg,
     RtpSettings,
     check_remote,
     codec_from_request,
@@ -195,14 +195,14 @@ async def post_rtp(request: web.Request) -> web.Response:
     )
 
 
-def _rtp_leg(request: web.Request) -> RtpLeg:
+def _rtp_leg(request: web.Request) -> Leg:
     call_id = request.match_info["call_id"]
     try:
         request.app[RESOURCES_KEY].lookup(call_id, principal_of(request))
     except ApiError:
         raise ApiError("not_found", "no such RTP leg", status=404) from None
     leg = request.app[AGENT_KEY].legs.get(call_id, "rtp")
-    if not isinstance(leg, RtpLeg):
+    if leg is None:
         raise ApiError("not_found", "no such RTP leg", status=404)
     return leg
 

@@ -37,7 +37,7 @@ from aiortc.rtp import RtpPacket
 
 from agent.end_reason import Ending, EndReason
 from agent.errors import CallError
-from agent.leg import prepare_config
+from agent.leg import LegCapabilities, prepare_config
 from agent.plugins.base import SessionConfig
 from agent.telephony.address_policy import DEFAULT_ALLOWED_NETWORKS, IPNetwork, refusal_for
 from agent.telephony.codec import CODECS, NarrowbandCodec, codec_by_name
@@ -167,6 +167,7 @@ class RtpProtocol(asyncio.DatagramProtocol):
 class RtpLeg(TelephonyLeg):
     id_prefix = "rtp"
     transport = "rtp"
+    can = LegCapabilities(dtmf=True)
 
     def __init__(self, agent: MediaAgent, codec: NarrowbandCodec,
                  socket: asyncio.DatagramTransport, local: Address, remote: Address | None,
@@ -342,10 +343,10 @@ class RtpLeg(TelephonyLeg):
         self.socket.sendto(data if self.srtp is None else self.srtp.protect(data), self.remote)
         self.packets_sent += 1
 
-    def send_dtmf(self, digits: str) -> None:
+    def send_dtmf(self, digits: str) -> int:
         """Queue keypad digits (checked by dtmf_sender.check_digits) to be sent as RFC 4733
-        telephone-events on this leg's stream. CallError: no telephone-event payload type
-        (409 dtmf_not_negotiated), no remote yet, or too many digits waiting."""
+        telephone-events on this leg's stream; how many wait. CallError: no telephone-event
+        payload type (409 dtmf_not_negotiated), no remote yet, or too many digits waiting."""
         if self.dtmf_payload_type is None:
             raise CallError("dtmf_not_negotiated", "this call has no telephone-event payload "
                             "type to send DTMF with", status=409)
@@ -356,6 +357,7 @@ class RtpLeg(TelephonyLeg):
             self.dtmf_out.add(digits)
         except ValueError as exc:
             raise CallError("dtmf_queue_full", str(exc), status=409) from None
+        return self.dtmf_out.pending
 
     def _ms(self, samples: int | None) -> float | None:
         return None if samples is None else round(1000 * samples / self.codec.sample_rate, 3)

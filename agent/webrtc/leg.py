@@ -22,7 +22,7 @@ from agent import rtc_tuning
 from agent.call_settings import CallSettings
 from agent.end_reason import Ending, EndReason
 from agent.errors import CallError
-from agent.leg import Leg, playout_stats
+from agent.leg import Leg, LegCapabilities, playout_stats
 from agent.plugins.base import Plugin, StepOutput
 from agent.realtime.events import error_event
 from agent.realtime.protocol import RealtimeProtocol
@@ -47,6 +47,7 @@ def new_call_id() -> str:
 
 class WebRtcLeg(Leg):
     transport = "webrtc"
+    can = LegCapabilities(realtime_session=True, ice_restart=True)
 
     def __init__(self, call_id: str, pc: RTCPeerConnection, plugin: Plugin, ticker: Ticker,
                  settings: CallSettings, on_closed: Callable[[Leg], None]) -> None:

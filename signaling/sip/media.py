@@ -26,7 +26,7 @@ from collections.abc import Callable
 from typing import Any
 
 from agent.end_reason import Ending, EndReason
-from agent.leg import prepare_config
+from agent.leg import LegCapabilities, prepare_config
 from agent.media_agent import MediaAgent
 from agent.plugins.base import SessionConfig
 from agent.telephony.remote_check import RemoteCheck
@@ -54,6 +54,7 @@ DEFAULT_MEDIA_TIMEOUT = 10.0  # seconds without the far end's RTP before a SIP c
 class SipRtpLeg(RtpLeg):
     id_prefix = "sip"
     transport = "sip"
+    can = LegCapabilities(dtmf=True, refer=True)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

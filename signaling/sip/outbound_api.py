@@ -43,7 +43,6 @@ from signaling.calls import CALLS_PATH, RESOURCES_KEY, add_call_directory
 from signaling.errors import ApiError, read_json_object
 from signaling.keys import AGENT_KEY
 from signaling.sip.inbound_owner import may_handle
-from signaling.sip.media import SipRtpLeg
 from signaling.sip.outbound import ANSWERED, CALLING, RINGING, Dialer, OutboundCall, Placement
 from signaling.sip.outbound_policy import OutboundRate, safe_text
 from signaling.sip.refer import TransferError, Transfers, parse_target
@@ -310,7 +309,7 @@ def install_routes(app: web.Application, services: Services) -> None:
             raise TransferError("invalid_target", "'target_uri' may not carry ?headers or "
                                 "non-ASCII characters (%-escape them)", param="target_uri")
         leg = request.app[AGENT_KEY].legs.get(call_id)
-        if not isinstance(leg, SipRtpLeg):
+        if leg is None or not leg.can.refer:
             raise TransferError("not_a_sip_call", "only SIP calls can be transferred",
                                 status=409)
         inbound = ua.find_call(call_id)

@@ -25,10 +25,10 @@ from typing import Any
 
 from agent.end_reason import EndReason
 from agent.errors import AgentError
+from agent.leg import Leg
 from agent.logs.log_safe import printable
 from agent.task_owner import TaskOwner
 from signaling.sip.dialog import Dialog, DialogId
-from signaling.sip.media import SipRtpLeg
 from signaling.sip.message import SipRequest
 from signaling.sip.timers import TimerHandle
 from signaling.sip.transaction import ServerTransaction
@@ -75,7 +75,7 @@ class Transfer:
     call_id: str  # the API id
     dialog: Dialog
     flow: Flow
-    leg: SipRtpLeg
+    leg: Leg
     target: Uri
     state: str = "referring"  # referring, accepted, completed, failed
     sip_status: int | None = None  # of the REFER, then of the last sipfrag
@@ -101,7 +101,7 @@ class Transfers:
     def _count(self, name: str) -> None:
         self.counters[name] = self.counters.get(name, 0) + 1
 
-    async def refer(self, call_id: str, dialog: Dialog, flow: Flow, leg: SipRtpLeg,
+    async def refer(self, call_id: str, dialog: Dialog, flow: Flow, leg: Leg,
                     target: Uri) -> Transfer:
         """Send the REFER and wait for its answer. Returns the accepted transfer; raises
         TransferError 409 (one is running), 502 (refused) or 504 (unanswered)."""
