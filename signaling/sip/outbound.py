@@ -50,7 +50,7 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from agent.end_reason import Ending, EndReason, coded
+from agent.end_reason import Ending, EndReason, WireEnum, coded
 from agent.errors import AgentError, CallError
 from agent.leg import PreparedConfig, prepare_config
 from agent.logs.log_safe import printable
@@ -85,11 +85,16 @@ RETAINED_ENDED = 1000
 MAX_EVENTS = 50
 DTMF_PAYLOAD_TYPE = 101
 
-# Call states, as GET shows them.
-CALLING = "calling"  # INVITE sent, nothing back yet
-RINGING = "ringing"  # a provisional answer came
-ANSWERED = "answered"
-ENDED = "ended"
+
+
+class OutboundState(WireEnum):
+    """An outbound call's state, as GET shows it; ANSWERED: the far end took the call."""
+
+    CALLING = "calling"  # INVITE sent, nothing back yet
+    RINGING = "ringing"  # a provisional answer came
+    ANSWERED = "answered"  # the far end answered (2xx) and the agent ACKed
+    ENDED = "ended"
+
 
 ENDINGS = {486: EndReason.BUSY, 600: EndReason.BUSY, 480: EndReason.NO_ANSWER,
            404: EndReason.NOT_FOUND, 604: EndReason.NOT_FOUND, 408: EndReason.TIMEOUT,
@@ -143,7 +148,7 @@ class OutboundCall:
     prepared: PreparedConfig
     rtp: tuple[asyncio.DatagramTransport, RtpProtocol, int]
     admission: contextlib.ExitStack
-    state: str = CALLING
+    state: OutboundState = OutboundState.CALLING
     reason: Ending | None = None
     sip_status: int | None = None
     cseq: int = 1
@@ -168,6 +173,12 @@ class OutboundCall:
     created_at: float = field(default_factory=time.time)
     answered_at: float | None = None
     ended_at: float | None = None
+
+    @property
+    def is_ended(self) -> bool:
+        """Whether the call ended (a property: type checkers do not carry a check of `state`
+        across an await, and the call may end during one)."""
+        return self.state == OutboundState.ENDED
 
     def note(self, kind: str, **data: Any) -> None:
         event = {"type": kind, "created_at": round(time.time(), 3), **data}
@@ -315,7 +326,7 @@ class Dialer:
 
     def _on_response(self, call: OutboundCall, response: SipResponse) -> None:
         status = response.status
-        if call.state == ENDED:
+        if call.state == OutboundState.ENDED:
             if 200 <= status < 300:
                 self.tasks.spawn(self._ack_and_bye(call, response), "late-2xx")
             return
@@ -345,10 +356,10 @@ class Dialer:
         if response.status == 100:
             call.provisional = True
         else:
-            first = not call.provisional or call.state == CALLING
+            first = not call.provisional or call.state == OutboundState.CALLING
             call.provisional = True
-            if call.state == CALLING:
-                call.state = RINGING
+            if call.state == OutboundState.CALLING:
+                call.state = OutboundState.RINGING
             if response.status == 183 and response.body:
                 call.note("call.early_media", sip_status=183)
                 if call.early is None and call.cancel_reason is None:
@@ -360,7 +371,7 @@ class Dialer:
             self._send_cancel(call)
 
     def _on_invite_timeout(self, call: OutboundCall) -> None:
-        if call.state != ENDED:
+        if call.state != OutboundState.ENDED:
             call.sip_status = 408
             self._end(call, call.cancel_reason or EndReason.TIMEOUT)
 
@@ -392,7 +403,7 @@ class Dialer:
             await self._answered(call, response)
         except Exception:
             log.exception("sip: outbound call %s: taking the answer failed", call.call_id)
-            if call.state != ENDED:
+            if call.state != OutboundState.ENDED:
                 await self._bye(call, EndReason.SETUP_FAILED)
 
     async def _answered(self, call: OutboundCall, response: SipResponse) -> None:
@@ -407,7 +418,7 @@ class Dialer:
         self.ua.dialog_sources.add(
             dialog.id, lambda: outbound_dialog_sources(call.flow.remote[0], dialog))
         await self._send_ack(call)
-        if call.state == ENDED:
+        if call.state == OutboundState.ENDED:
             return
         if call.cancel_reason is not None:  # hung up while the 2xx was on its way
             await self._bye(call, call.cancel_reason)
@@ -415,7 +426,7 @@ class Dialer:
         if call.early is not None:
             with contextlib.suppress(Exception):
                 await call.early  # the early leg is opened (or failed) before the answer
-        if call.state == ENDED:
+        if call.is_ended:  # it ended meanwhile
             return
         error = (await self._open_media(call, response) if call.leg is None
                  else self._answer_early_leg(call, response))
@@ -423,7 +434,7 @@ class Dialer:
             log.info("sip: outbound call %s answered but unusable: %s", call.call_id, error)
             await self._bye(call, error)
             return
-        call.state = ANSWERED
+        call.state = OutboundState.ANSWERED
         call.answered_at = time.time()
         self._stop_timer(call, "ring")
         self._count("answered")
@@ -565,7 +576,7 @@ class Dialer:
             if failed is not None:
                 await failed.close(EndReason.SETUP_FAILED)
             return coded(exc.code)
-        if call.state == ENDED or call.cancel_reason is not None:
+        if call.state == OutboundState.ENDED or call.cancel_reason is not None:
             call.leg = None
             await leg.close(EndReason.HANGUP)
             return call.cancel_reason or EndReason.ENDED
@@ -580,13 +591,14 @@ class Dialer:
 
     def _ring_timeout(self, call: OutboundCall) -> None:
         call.timers.pop("ring", None)
-        if call.state in (CALLING, RINGING):
+        if call.state in (OutboundState.CALLING, OutboundState.RINGING):
             self._count("no_answer")
             self.cancel(call, EndReason.NO_ANSWER)
 
     def cancel(self, call: OutboundCall, reason: Ending) -> None:
         """Stop a call that is not answered yet: CANCEL once a provisional came (§9.1)."""
-        if call.state not in (CALLING, RINGING) or call.cancel_reason is not None:
+        if (call.state not in (OutboundState.CALLING, OutboundState.RINGING)
+                or call.cancel_reason is not None):
             return
         call.cancel_reason = reason
         if call.provisional:
@@ -613,7 +625,7 @@ class Dialer:
 
     def _cancel_unanswered(self, call: OutboundCall) -> None:
         call.timers.pop("cancel", None)
-        if call.state != ENDED:
+        if call.state != OutboundState.ENDED:
             if call.invite_tx is not None:
                 call.invite_tx.terminate()
             self._end(call, call.cancel_reason or EndReason.TIMEOUT)
@@ -621,17 +633,18 @@ class Dialer:
     async def hang_up(self, call: OutboundCall,
                       reason: Ending = EndReason.HANGUP) -> None:
         """End the call from this side: CANCEL before the answer, BYE after it."""
-        if call.state in (CALLING, RINGING):
+        if call.state in (OutboundState.CALLING, OutboundState.RINGING):
             self.cancel(call, reason)
-        elif call.state == ANSWERED and call.leg is not None:
+        elif call.state == OutboundState.ANSWERED and call.leg is not None:
             await call.leg.close(reason)  # _on_leg_closed sends the BYE
 
     def _on_leg_closed(self, leg: SipRtpLeg, reason: Ending) -> None:
         call = self._by_leg.pop(leg.id, None)
-        if call is None or call.state == ENDED:
+        if call is None or call.state == OutboundState.ENDED:
             return
         call.leg = None
-        if call.state in (CALLING, RINGING):  # an early-media leg ended: so does the call
+        # An early-media leg ended: so does the call.
+        if call.state in (OutboundState.CALLING, OutboundState.RINGING):
             self.cancel(call, reason)
             return
         self.tasks.spawn(self._bye(call, reason), "bye")
@@ -708,7 +721,7 @@ class Dialer:
         assert dialog is not None
         respond = ua._response
         invite = request.method == "INVITE"
-        if leg is None or call.state != ANSWERED or call.ack_cseq is not None:
+        if leg is None or call.state != OutboundState.ANSWERED or call.ack_cseq is not None:
             tx.respond(respond(request, 491))
             return
         headers = [("Contact", ua._contact(call.flow.transport)), ("Allow", ALLOW)]
@@ -760,7 +773,8 @@ class Dialer:
         settings = self.ua.config.timers
         if not call.flow.reliable:
             retransmit_2xx(self.ua.timers, settings, tx.send, ok.to_bytes(),
-                           lambda: call.ack_cseq is not None and call.state == ANSWERED,
+                           lambda: (call.ack_cseq is not None
+                                    and call.state == OutboundState.ANSWERED),
                            call.timers)
         call.timers["no_ack"] = self.ua.timers.call_later(settings.timeout,
                                                           lambda: self._no_ack(call))
@@ -801,7 +815,7 @@ class Dialer:
 
     def _no_ack(self, call: OutboundCall) -> None:
         call.timers.pop("no_ack", None)
-        if call.ack_cseq is None or call.state != ANSWERED:
+        if call.ack_cseq is None or call.state != OutboundState.ANSWERED:
             return
         log.info("sip: outbound call %s: no ACK for the 2xx of its re-INVITE; ending it",
                  call.call_id)
@@ -815,10 +829,10 @@ class Dialer:
             handle.cancel()
 
     def _end(self, call: OutboundCall, reason: Ending) -> None:
-        if call.state == ENDED:
+        if call.state == OutboundState.ENDED:
             return
         previous = call.state
-        call.state = ENDED
+        call.state = OutboundState.ENDED
         call.reason = reason
         call.ended_at = time.time()
         for handle in call.timers.values():

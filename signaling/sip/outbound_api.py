@@ -43,11 +43,11 @@ from signaling.calls import CALLS_PATH, RESOURCES_KEY, add_call_directory
 from signaling.errors import ApiError, read_json_object
 from signaling.keys import AGENT_KEY
 from signaling.sip.inbound_owner import may_handle
-from signaling.sip.outbound import ANSWERED, CALLING, RINGING, Dialer, OutboundCall, Placement
+from signaling.sip.outbound import Dialer, OutboundCall, OutboundState, Placement
 from signaling.sip.outbound_policy import OutboundRate, safe_text
 from signaling.sip.refer import TransferError, Transfers, parse_target
 from signaling.sip.trunks import Trunk
-from signaling.sip.ua import CONFIRMED, EARLY, SipCall, UserAgent
+from signaling.sip.ua import InboundState, SipCall, UserAgent
 from signaling.sip.uri import is_token, parse_name_addr, parse_uri
 
 SIP_CALLS_PATH = "/v1/sip/calls"
@@ -181,8 +181,8 @@ def placement_from(body: dict[str, Any], trunks: dict[str, Trunk] | Any,
 
 
 # An inbound call's state as its resource shows it (ua.py's states are protocol steps).
-INBOUND_STATES = {EARLY: "ringing", "answered": "answered", CONFIRMED: "answered",
-                  "ending": "ending"}
+INBOUND_STATES = {InboundState.EARLY: "ringing", InboundState.AWAITING_ACK: "answered",
+                  InboundState.CONFIRMED: "answered", InboundState.ENDING: "ending"}
 
 
 def describe_inbound(call: SipCall) -> dict[str, Any]:
@@ -240,7 +240,8 @@ class SipCallDirectory:
 
     async def end(self, call_id: str, principal: Principal) -> bool:
         outbound = self._outbound(call_id, principal)
-        if outbound is not None and outbound.state in (CALLING, RINGING):
+        if outbound is not None and outbound.state in (OutboundState.CALLING,
+                                                       OutboundState.RINGING):
             found = self.services(self.app)
             assert found is not None
             await found[1].hang_up(outbound)  # CANCEL (once a provisional came)
@@ -314,9 +315,10 @@ def install_routes(app: web.Application, services: Services) -> None:
                                 status=409)
         inbound = ua.find_call(call_id)
         outbound = dialer.find(call_id)
-        if inbound is not None and inbound.state == CONFIRMED:
+        if inbound is not None and inbound.state == InboundState.CONFIRMED:
             dialog, flow = inbound.dialog, inbound.flow
-        elif outbound is not None and outbound.state == ANSWERED and outbound.dialog:
+        elif (outbound is not None and outbound.state == OutboundState.ANSWERED
+              and outbound.dialog):
             dialog, flow = outbound.dialog, outbound.flow
         else:
             raise TransferError("call_not_established", "the call is not established (no "

@@ -24,6 +24,7 @@ import logging
 from collections.abc import Callable
 from typing import ClassVar
 
+from agent.end_reason import WireEnum
 from signaling.sip.message import Headers, SipRequest, SipResponse
 from signaling.sip.timers import TimerHandle, Timers, TimerSettings
 
@@ -35,14 +36,25 @@ Send = Callable[[bytes], None]
 ResponseHandler = Callable[[SipResponse], None]
 TimeoutHandler = Callable[[], None]
 
-# States (RFC 3261 §17 and RFC 6026).
-CALLING = "calling"
-TRYING = "trying"
-PROCEEDING = "proceeding"
-COMPLETED = "completed"
-CONFIRMED = "confirmed"
-ACCEPTED = "accepted"
-TERMINATED = "terminated"
+
+
+class TxState(WireEnum):
+    """A transaction's state, as RFC 3261 §17 (and RFC 6026's Accepted) names it."""
+
+    NEW = "new"  # made, not started yet (a client transaction's start() sends its request)
+    CALLING = "calling"
+    TRYING = "trying"
+    PROCEEDING = "proceeding"
+    COMPLETED = "completed"
+    CONFIRMED = "confirmed"
+    ACCEPTED = "accepted"
+    TERMINATED = "terminated"
+
+
+# The states by their RFC names, as the transaction code below and the user agent use them.
+CALLING, TRYING, PROCEEDING = TxState.CALLING, TxState.TRYING, TxState.PROCEEDING
+COMPLETED, CONFIRMED, ACCEPTED = TxState.COMPLETED, TxState.CONFIRMED, TxState.ACCEPTED
+TERMINATED = TxState.TERMINATED
 
 TIMER_D = 32.0  # §17.1.1.2: at least 32 s over UDP, for the server's retransmissions to die out
 ServerKey = tuple[str, ...]
@@ -77,7 +89,7 @@ class Transaction:
         self.settings = settings
         self.send = send
         self.reliable = reliable
-        self.state = ""
+        self.state = TxState.NEW
         self.on_terminated: Callable[[Transaction], None] | None = None
         self._handles: dict[str, TimerHandle] = {}
 

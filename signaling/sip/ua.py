@@ -50,7 +50,7 @@ from dataclasses import dataclass, field
 import aiohttp
 from standardwebhooks import Webhook
 
-from agent.end_reason import Ending, EndReason
+from agent.end_reason import Ending, EndReason, WireEnum
 from agent.errors import AgentError, CallError
 from agent.logs.log_safe import LogThrottle, held_back_note, printable
 from agent.media_agent import MediaAgent
@@ -123,12 +123,18 @@ SETUP_SAMPLES = 1000
 # the call) or reject (a status code).
 Decision = tuple[SessionConfig, Principal] | int
 
-# Call states.
-EARLY = "early"  # INVITE received, not answered yet
-ANSWERED = "answered"  # a 2xx sent (INVITE or re-INVITE), waiting for its ACK
-CONFIRMED = "confirmed"
-ENDING = "ending"  # our BYE is on its way
-ENDED = "ended"
+
+
+class InboundState(WireEnum):
+    """An inbound call's protocol step (outbound_api.INBOUND_STATES says what GET shows).
+    The agent answers here: AWAITING_ACK is its 2xx sent, not yet acknowledged."""
+
+    EARLY = "early"  # INVITE received, not answered yet
+    AWAITING_ACK = "awaiting_ack"  # a 2xx sent (INVITE or re-INVITE), waiting for its ACK
+    CONFIRMED = "confirmed"  # the ACK came (RFC 3261's confirmed dialog)
+    ENDING = "ending"  # our BYE is on its way
+    ENDED = "ended"
+
 
 
 @dataclass
@@ -141,7 +147,7 @@ class SipCall:
     dialog: Dialog
     offer: SessionDescription
     choice: AudioChoice
-    state: str = EARLY
+    state: InboundState = InboundState.EARLY
     leg: SipRtpLeg | None = None
     received_at: float = field(default_factory=time.monotonic)
     sdp_session: int = field(default_factory=lambda: int(time.time()))
@@ -161,7 +167,7 @@ class SipCall:
     @property
     def pending(self) -> bool:
         """Waiting for the application's accept or reject."""
-        return (self.state == EARLY and self.decision is not None
+        return (self.state == InboundState.EARLY and self.decision is not None
                 and not self.decision.done())
 
     @property
@@ -248,9 +254,9 @@ class UserAgent:
         """End every call (BYE where answered, 503 where still ringing), give the BYEs a
         moment to be answered, then close everything."""
         for call in list(self.calls.values()):
-            if call.state == EARLY:
+            if call.state == InboundState.EARLY:
                 self._reject(call, 503, headers=[("Retry-After", str(RETRY_AFTER_SECONDS))])
-            elif call.state in (ANSWERED, CONFIRMED):
+            elif call.state in (InboundState.AWAITING_ACK, InboundState.CONFIRMED):
                 self._detach_leg(call, EndReason.SHUTDOWN)
                 self._hangup(call, EndReason.SHUTDOWN)
         deadline = time.monotonic() + STOP_GRACE_SECONDS
@@ -428,7 +434,7 @@ class UserAgent:
                 sources = self.dialog_sources.get(dialog_id_of(request))
         else:
             return True
-        if call is not None and call.state != ENDED:
+        if call is not None and call.state != InboundState.ENDED:
             sources = dialog_sources(call.invite, call.flow.remote[0], call.dialog)
         source = flow.remote[0]
         if sources is None or source_allowed(sources, source):
@@ -648,7 +654,8 @@ class UserAgent:
                                          status=500))
             self._reject(call, 500)
             return
-        if call.state != EARLY:  # cancelled, or hung up, while the leg was being opened
+        # Cancelled, or hung up, while the leg was being opened.
+        if call.state != InboundState.EARLY:
             leg.on_closed = None
             await leg.close(EndReason.CANCELLED)
             return
@@ -731,7 +738,7 @@ class UserAgent:
     def find_call(self, call_id: str) -> SipCall | None:
         """An inbound call by its API id (pending, answered or ringing), else None."""
         call = self._by_call_id.get(call_id)
-        return call if call is not None and call.state != ENDED else None
+        return call if call is not None and call.state != InboundState.ENDED else None
 
     async def accept(self, call: SipCall, session: SessionConfig, owner: Principal) -> None:
         """The application accepts a pending call: answered with `session`, owned by
@@ -786,13 +793,13 @@ class UserAgent:
     # -- 2xx retransmission and ACK (§13.3.1.4) ---------------------------------------------
 
     def _send_2xx(self, call: SipCall, tx: InviteServerTransaction, ok: SipResponse) -> None:
-        call.state = ANSWERED
+        call.state = InboundState.AWAITING_ACK
         call.ack_cseq = tx.request.cseq.number
         tx.respond(ok)
         settings = self.config.timers
         if not call.flow.reliable:
             retransmit_2xx(self.timers, settings, tx.send, ok.to_bytes(),
-                           lambda: call.state == ANSWERED, call.timers)
+                           lambda: call.state == InboundState.AWAITING_ACK, call.timers)
         call.timers["no_ack"] = self.timers.call_later(settings.timeout,
                                                        lambda: self._no_ack(call))
 
@@ -803,7 +810,7 @@ class UserAgent:
                 handle.cancel()
 
     def _no_ack(self, call: SipCall) -> None:
-        if call.state != ANSWERED:
+        if call.state != InboundState.AWAITING_ACK:
             return
         log.info("sip: no ACK for the 2xx of %s within %g s; ending it",
                  printable(call.dialog.call_id), self.config.timers.timeout)
@@ -820,11 +827,12 @@ class UserAgent:
         call = self.calls.get(dialog_id_of(ack))
         if call is None and self.dialog_hooks.ack(dialog_id_of(ack), ack):
             return  # the ACK of a 2xx in an outbound call's dialog (hooks.py)
-        if call is None or call.state != ANSWERED or ack.cseq.number != call.ack_cseq:
+        if (call is None or call.state != InboundState.AWAITING_ACK
+                or ack.cseq.number != call.ack_cseq):
             self.counters["stray_acks"] += 1
             return
         self._stop_2xx(call)
-        call.state = CONFIRMED
+        call.state = InboundState.CONFIRMED
         if call.awaiting_answer and call.bye_reason is None:
             self._take_answer(call, ack)
         if call.leg is not None:
@@ -837,7 +845,7 @@ class UserAgent:
     def _in_dialog(self, request: SipRequest, tx: ServerTransaction) -> SipCall | None:
         """The request's call, its CSeq checked (§12.2.2); None when answered already."""
         call = self.calls.get(dialog_id_of(request))
-        if call is None or call.state == ENDED:
+        if call is None or call.state == InboundState.ENDED:
             self.counters["unknown_dialog"] += 1
             tx.respond(self._response(request, 481))
             return None
@@ -852,7 +860,7 @@ class UserAgent:
         if call is None:
             return
         tx.respond(self._response(request, 200))
-        if call.state == EARLY and not call.invite_tx.final_sent:
+        if call.state == InboundState.EARLY and not call.invite_tx.final_sent:
             call.invite_tx.respond(self._response(call.invite, 487,
                                                   to_tag=call.dialog.local_tag))
         self.counters["remote_hangups"] += 1
@@ -876,13 +884,13 @@ class UserAgent:
 
     def _on_reinvite(self, request: SipRequest, tx: InviteServerTransaction) -> None:
         call = self.calls.get(dialog_id_of(request))
-        if call is not None and call.state in (EARLY, ANSWERED):
+        if call is not None and call.state in (InboundState.EARLY, InboundState.AWAITING_ACK):
             tx.respond(self._response(request, 491))  # an offer/answer is still open
             return
         call = self._in_dialog(request, tx)
         if call is None:
             return
-        if call.state != CONFIRMED or call.leg is None:
+        if call.state != InboundState.CONFIRMED or call.leg is None:
             tx.respond(self._response(request, 481))
             return
         if not request.body:  # offerless: our offer in the 200, the answer in the ACK
@@ -936,7 +944,7 @@ class UserAgent:
             call.dialog.refresh_target(request)
             tx.respond(self._response(request, 200, headers=contact))
             return
-        if call.leg is None or call.state == EARLY or call.awaiting_answer:
+        if call.leg is None or call.state == InboundState.EARLY or call.awaiting_answer:
             tx.respond(self._response(request, 491))
             return
         answer = self._reoffer(call, request)
@@ -987,10 +995,10 @@ class UserAgent:
     def _on_leg_closed(self, leg: SipRtpLeg, reason: Ending) -> None:
         """The media leg ended (hang-up over HTTP, media timeout, drain, shutdown...)."""
         call = self._by_leg.pop(leg.id, None)
-        if call is None or call.state in (ENDING, ENDED):
+        if call is None or call.state in (InboundState.ENDING, InboundState.ENDED):
             return
         call.leg = None
-        if call.state == ANSWERED:
+        if call.state == InboundState.AWAITING_ACK:
             call.bye_reason = reason  # §15: no BYE before the ACK (or its timeout)
             return
         self._hangup(call, reason)
@@ -1009,7 +1017,7 @@ class UserAgent:
         self._forget(call)
 
     def _forget(self, call: SipCall) -> None:
-        call.state = ENDED
+        call.state = InboundState.ENDED
         call.stop_timers()
         self._settle(call, CallError("call_ended", "the call ended before it was answered",
                                      status=409))
@@ -1028,10 +1036,10 @@ class UserAgent:
             self._by_leg.pop(call.leg.id, None)
 
     def _hangup(self, call: SipCall, reason: Ending) -> None:
-        if call.state in (ENDING, ENDED):
+        if call.state in (InboundState.ENDING, InboundState.ENDED):
             return
         self._stop_2xx(call)
-        call.state = ENDING
+        call.state = InboundState.ENDING
         self.counters["agent_hangups"] += 1
         self.tasks.spawn(self._send_bye(call, reason), "bye")
 
