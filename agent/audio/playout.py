@@ -46,6 +46,7 @@ class PlayoutBuffer(SampleFifo):
         # The last output's wait for the send of its first sample (queued audio + the time to
         # the next send), in samples; None before the pacer started.
         self.last_wait_samples: int | None = None
+        self._sending = False  # the first pop (the call's first send) has happened
         self._primed = False  # an output arrived since the start or the last clear
         self._pending_trim = 0
 
@@ -79,6 +80,9 @@ class PlayoutBuffer(SampleFifo):
         self._primed = True
 
     def pop(self, count: int) -> np.ndarray | None:
+        if not self._sending:
+            self._sending = True
+            self._drop_silence_before_the_first_send()
         self._trim_if_silent()
         audio = super().pop(count)
         if audio is None and self._primed and self._backlog is not None:
@@ -98,8 +102,10 @@ class PlayoutBuffer(SampleFifo):
 
     def _drop_silence_before_the_first_send(self) -> None:
         """The ticker answers from the moment the seat is taken, the sends begin when the
-        call connects: silence queued in between would only delay everything after it (for
-        the first window of the standing backlog, two seconds). Speech stays queued."""
+        call connects: silence queued in between (up to a frame less what the first sends
+        took before the next answer) would delay everything after it, for good while the
+        caller talks (only silence is trimmed). Dropped as answers land before the first
+        send, and at the first send. Speech stays queued."""
         count = self.buffered_samples
         if count and float(np.max(np.abs(self.peek(count)))) <= SILENCE_PEAK:
             self.discard(count)
