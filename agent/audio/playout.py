@@ -82,7 +82,8 @@ class PlayoutBuffer(SampleFifo):
     def pop(self, count: int) -> np.ndarray | None:
         if not self._sending:
             self._sending = True
-            self._drop_silence_before_the_first_send()
+            if self._drop_silence_before_the_first_send():
+                self._primed = False  # as after a clear: the next underrun is not lateness
         self._trim_if_silent()
         audio = super().pop(count)
         if audio is None and self._primed and self._backlog is not None:
@@ -100,16 +101,18 @@ class PlayoutBuffer(SampleFifo):
             self._phase.restart()
         return super().clear()
 
-    def _drop_silence_before_the_first_send(self) -> None:
+    def _drop_silence_before_the_first_send(self) -> bool:
         """The ticker answers from the moment the seat is taken, the sends begin when the
         call connects: silence queued in between (up to a frame less what the first sends
         took before the next answer) would delay everything after it, for good while the
         caller talks (only silence is trimmed). Dropped as answers land before the first
         send, and at the first send. Speech stays queued."""
         count = self.buffered_samples
-        if count and float(np.max(np.abs(self.peek(count)))) <= SILENCE_PEAK:
-            self.discard(count)
-            self.trimmed_samples += count
+        if not count or float(np.max(np.abs(self.peek(count)))) > SILENCE_PEAK:
+            return False
+        self.discard(count)
+        self.trimmed_samples += count
+        return True
 
     def _observe_wait(self) -> None:
         """Before a push: samples of wait ahead of it (queued audio + time to the next send)."""

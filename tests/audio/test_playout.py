@@ -112,3 +112,18 @@ async def test_silence_answered_before_the_first_send_does_not_queue() -> None:
     playout.pop(CHUNK)
     playout.push(np.zeros(FRAME, dtype=np.float32))  # once sending, the windows decide
     assert playout.buffered_samples == 3 * FRAME - CHUNK
+
+
+async def test_the_set_ups_silence_left_at_the_first_send_is_dropped() -> None:
+    """What the last answer before the call connected left queued would otherwise sit ahead
+    of every later answer (0 to 4 packets, by the moment the call connected)."""
+    clock = FakeClock(start=0.0)
+    pacer = Pacer(clock, 0.02)
+    playout = PlayoutBuffer(FRAME * 100)
+    playout.follow(pacer, RATE)
+    playout.push(np.zeros(FRAME, dtype=np.float32))
+    clock.advance(0.03)
+    await pacer.wait_next()  # the call connects: its first send
+    assert playout.pop(CHUNK) is None and playout.buffered_samples == 0
+    assert playout.trimmed_samples == FRAME
+    assert not playout.holding_cushion  # nothing was late
