@@ -59,7 +59,7 @@ def install_routes(app: web.Application,
         session = session_config_from_realtime(await optional_json(request), param="session")
         ua, call, principal = pending_call(request)
         await ua.accept(call, session, leg_owner(principal, call, ua.config))
-        return web.json_response({"id": call.call_id, "object": "realtime.call",
+        return web.json_response({"id": call.api_id, "object": "realtime.call",
                                   "status": "accepted"})
 
     async def reject(request: web.Request) -> web.Response:
@@ -71,7 +71,7 @@ def install_routes(app: web.Application,
                            "to 699", param="status_code")
         ua, call, _ = pending_call(request)
         ua.reject(call, status)
-        return web.json_response({"id": call.call_id, "object": "realtime.call",
+        return web.json_response({"id": call.api_id, "object": "realtime.call",
                                   "status": "rejected", "status_code": status})
 
     ACCEPT.add(app.router, "POST", accept)

@@ -138,7 +138,7 @@ class Placement:
 
 @dataclass
 class OutboundCall:
-    call_id: str
+    api_id: str  # the call's id in the HTTP API, and its leg's (`sip_call_id`: SIP's)
     owner: Principal
     placement: Placement
     flow: Flow
@@ -188,7 +188,7 @@ class OutboundCall:
 
     def describe(self) -> dict[str, Any]:
         body: dict[str, Any] = {
-            "id": self.call_id, "object": "realtime.call", "direction": "outbound",
+            "id": self.api_id, "object": "realtime.call", "direction": "outbound",
             "status": self.state, "to": str(self.placement.target),
             "trunk": self.placement.trunk.name if self.placement.trunk else None,
             "reason": self.reason, "sip_status": self.sip_status,
@@ -218,8 +218,8 @@ class Dialer:
     def _count(self, name: str) -> None:
         self.counters[name] = self.counters.get(name, 0) + 1
 
-    def find(self, call_id: str) -> OutboundCall | None:
-        return self.live.get(call_id) or self.ended.get(call_id)
+    def find(self, api_id: str) -> OutboundCall | None:
+        return self.live.get(api_id) or self.ended.get(api_id)
 
     def stats(self) -> dict[str, Any]:
         states: dict[str, int] = {}
@@ -270,15 +270,15 @@ class Dialer:
             f"<sip:{trunk.from_user}@{format_host(trunk.from_domain)}>" if trunk
             else f"<sip:agent@{format_host(host)}>")
         call = OutboundCall(
-            call_id=f"sip_{tagged_token(ID_TOKEN_BYTES)}", owner=owner, placement=placement,
+            api_id=f"sip_{tagged_token(ID_TOKEN_BYTES)}", owner=owner, placement=placement,
             flow=flow, sip_call_id=f"{secrets.token_hex(12)}@{format_host(host)}",
             local_tag=new_tag(), from_value=from_value, prepared=prepared, rtp=rtp,
             admission=admission)
-        self.live[call.call_id] = call
+        self.live[call.api_id] = call
         self._count("placed")
         ring = placement.ring_timeout or self.ring_timeout
         call.timers["ring"] = ua.timers.call_later(ring, lambda: self._ring_timeout(call))
-        log.info("sip: outbound call %s to %s via %s:%d/%s", call.call_id,
+        log.info("sip: outbound call %s to %s via %s:%d/%s", call.api_id,
                  printable(str(placement.target)), address[0], address[1], transport)
         self._send_invite(call, None)
         return call
@@ -314,7 +314,7 @@ class Dialer:
             try:
                 self._on_response(call, response)
             except Exception:
-                log.exception("sip: outbound call %s: handling %d failed", call.call_id,
+                log.exception("sip: outbound call %s: handling %d failed", call.api_id,
                               response.status)
                 self._end(call, EndReason.INTERNAL_ERROR)
 
@@ -395,14 +395,14 @@ class Dialer:
 
     async def _unusable_answer(self, call: OutboundCall, response: SipResponse) -> None:
         """A 2xx without a usable Contact or Record-Route: no dialog can be made from it."""
-        log.info("sip: outbound call %s: unusable 2xx (Contact/Record-Route)", call.call_id)
+        log.info("sip: outbound call %s: unusable 2xx (Contact/Record-Route)", call.api_id)
         self._end(call, EndReason.SETUP_FAILED)
 
     async def _on_answer(self, call: OutboundCall, response: SipResponse) -> None:
         try:
             await self._answered(call, response)
         except Exception:
-            log.exception("sip: outbound call %s: taking the answer failed", call.call_id)
+            log.exception("sip: outbound call %s: taking the answer failed", call.api_id)
             if call.state != OutboundState.ENDED:
                 await self._bye(call, EndReason.SETUP_FAILED)
 
@@ -431,7 +431,7 @@ class Dialer:
         error = (await self._open_media(call, response) if call.leg is None
                  else self._answer_early_leg(call, response))
         if error is not None:
-            log.info("sip: outbound call %s answered but unusable: %s", call.call_id, error)
+            log.info("sip: outbound call %s answered but unusable: %s", call.api_id, error)
             await self._bye(call, error)
             return
         call.state = OutboundState.ANSWERED
@@ -439,7 +439,7 @@ class Dialer:
         self._stop_timer(call, "ring")
         self._count("answered")
         call.note("call.answered", sip_status=response.status)
-        log.info("sip: outbound call %s answered (%s, remote %s)", call.call_id,
+        log.info("sip: outbound call %s answered (%s, remote %s)", call.api_id,
                  call.leg.codec.name if call.leg else "?", call.leg.remote if call.leg else "?")
 
     def _dialog_from(self, call: OutboundCall, response: SipResponse) -> Dialog | None:
@@ -486,7 +486,7 @@ class Dialer:
         try:
             flow.send(data)
         except (OSError, ConnectionError) as exc:
-            log.info("sip: outbound call %s: ACK not sent: %r", call.call_id, exc)
+            log.info("sip: outbound call %s: ACK not sent: %r", call.api_id, exc)
 
     async def _ack_and_bye(self, call: OutboundCall, response: SipResponse) -> None:
         """A 2xx the call cannot use (it ended, or the answer is unusable): ACK and BYE it
@@ -506,9 +506,9 @@ class Dialer:
         """Early media: the leg opens on the 183's SDP, listening only until the answer."""
         error = await self._open_media(call, response, early=True)
         if error is not None:
-            log.info("sip: outbound call %s: early media not taken (%s)", call.call_id, error)
+            log.info("sip: outbound call %s: early media not taken (%s)", call.api_id, error)
         elif call.leg is not None:
-            log.info("sip: outbound call %s: early media from %s", call.call_id,
+            log.info("sip: outbound call %s: early media from %s", call.api_id,
                      call.leg.remote)
 
     @staticmethod
@@ -558,7 +558,7 @@ class Dialer:
                 leg = SipRtpLeg(agent, choice.codec, transport, (ua.rtp.local_host, port),
                                 choice.remote, ua.rtp,
                                 dtmf_payload_type=choice.dtmf_payload_type,
-                                leg_id=call.call_id)
+                                leg_id=call.api_id)
             protocol.leg = leg
             leg._protocol = protocol
             leg.owner = call.owner
@@ -678,7 +678,7 @@ class Dialer:
             lambda response: settle(response.status) if response.status >= 200 else None,
             lambda: settle(408))
         status = await done
-        log.info("sip: outbound call %s ended (%s); BYE answered %d", call.call_id, reason,
+        log.info("sip: outbound call %s ended (%s); BYE answered %d", call.api_id, reason,
                  status)
 
     def _on_dialog_request(self, call: OutboundCall, request: SipRequest,
@@ -755,7 +755,7 @@ class Dialer:
                               int(call.created_at), call.sdp_version)
         call.note("call.media_updated", method=request.method,
                   direction=choice.answer_direction)
-        log.info("sip: outbound call %s %s: %s, remote %s", call.call_id, request.method,
+        log.info("sip: outbound call %s %s: %s, remote %s", call.api_id, request.method,
                  choice.answer_direction, choice.remote)
         ok = respond(request, 200, body=answer, headers=headers)
         if invite:
@@ -806,7 +806,7 @@ class Dialer:
             except AgentError as exc:
                 choice = coded(exc.code)
         if isinstance(choice, str):
-            log.info("sip: outbound call %s: unusable answer in the ACK (%s)", call.call_id,
+            log.info("sip: outbound call %s: unusable answer in the ACK (%s)", call.api_id,
                      choice)
             self.tasks.spawn(self.hang_up(call, EndReason.BAD_ANSWER), "bad-answer")
             return
@@ -818,7 +818,7 @@ class Dialer:
         if call.ack_cseq is None or call.state != OutboundState.ANSWERED:
             return
         log.info("sip: outbound call %s: no ACK for the 2xx of its re-INVITE; ending it",
-                 call.call_id)
+                 call.api_id)
         call.ack_cseq = None
         self._stop_timer(call, "2xx")
         self.tasks.spawn(self.hang_up(call, EndReason.NO_ACK), "no-ack")
@@ -859,10 +859,10 @@ class Dialer:
             self.tasks.spawn(leg.close(reason), "leg-close")
         self._count("ended_" + reason)
         call.note("call.ended", reason=reason, sip_status=call.sip_status)
-        log.info("sip: outbound call %s ended %s (was %s, SIP status %s)", call.call_id, reason,
+        log.info("sip: outbound call %s ended %s (was %s, SIP status %s)", call.api_id, reason,
                  previous, call.sip_status)
-        self.live.pop(call.call_id, None)
-        self.ended[call.call_id] = call
+        self.live.pop(call.api_id, None)
+        self.ended[call.api_id] = call
         while len(self.ended) > RETAINED_ENDED:
             self.ended.popitem(last=False)
 

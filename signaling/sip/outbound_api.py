@@ -285,7 +285,7 @@ def install_routes(app: web.Application, services: Services) -> None:
             rates.append(OutboundRate(ua.config.outbound_rate, ua.config.outbound_burst))
         check_rate(rates[0], principal)
         call = await dialer.place(placement, principal)
-        location = f"{SIP_CALLS_PATH}/{call.call_id}"
+        location = f"{SIP_CALLS_PATH}/{call.api_id}"
         return web.json_response(call.describe(), status=201, headers={"Location": location})
 
     async def get_call(request: web.Request) -> web.Response:

@@ -72,7 +72,7 @@ def sipfrag_status(body: bytes) -> int | None:
 
 @dataclass
 class Transfer:
-    call_id: str  # the API id
+    api_id: str  # the call's id in the HTTP API (its SIP Call-ID is `dialog.call_id`)
     dialog: Dialog
     flow: Flow
     leg: Leg
@@ -101,7 +101,7 @@ class Transfers:
     def _count(self, name: str) -> None:
         self.counters[name] = self.counters.get(name, 0) + 1
 
-    async def refer(self, call_id: str, dialog: Dialog, flow: Flow, leg: Leg,
+    async def refer(self, api_id: str, dialog: Dialog, flow: Flow, leg: Leg,
                     target: Uri) -> Transfer:
         """Send the REFER and wait for its answer. Returns the accepted transfer; raises
         TransferError 409 (one is running), 502 (refused) or 504 (unanswered)."""
@@ -116,7 +116,7 @@ class Transfers:
         local = parse_name_addr(dialog.local_party)
         request.headers.add("Referred-By",
                             f"<{local.uri}>" if local else ua._contact(transport))
-        transfer = Transfer(call_id, dialog, flow, leg, target)
+        transfer = Transfer(api_id, dialog, flow, leg, target)
         self.running[dialog.id] = transfer
         ua.dialog_hooks.add(dialog.id, self._hook)
         self._count("referred")
@@ -145,7 +145,7 @@ class Transfers:
                 ua.config.timers.timeout,
                 lambda: self._fail(transfer, "transfer_timeout",
                                    "no final NOTIFY came for the transfer"))
-        log.info("sip: call %s REFER to %s answered %d", call_id, printable(str(target)),
+        log.info("sip: call %s REFER to %s answered %d", api_id, printable(str(target)),
                  status)
         return transfer
 
@@ -191,7 +191,7 @@ class Transfers:
         transfer.state = "completed"
         self._count("completed")
         transfer.note("call.transfer.completed", sip_status=transfer.sip_status)
-        log.info("sip: call %s transferred to %s", transfer.call_id,
+        log.info("sip: call %s transferred to %s", transfer.api_id,
                  printable(str(transfer.target)))
         self._finish(transfer)
         self.tasks.spawn(transfer.leg.close(EndReason.TRANSFERRED), "transferred")
@@ -203,7 +203,7 @@ class Transfers:
         self._count(code)
         transfer.note("call.transfer.failed", code=code, message=message,
                       sip_status=transfer.sip_status)
-        log.info("sip: call %s transfer failed: %s", transfer.call_id, message)
+        log.info("sip: call %s transfer failed: %s", transfer.api_id, message)
         self._finish(transfer)
 
     def _finish(self, transfer: Transfer) -> None:

@@ -83,7 +83,7 @@ def install(app: web.Application, config: SipConfig) -> SipService:
 def pending_outbound(service: SipService) -> dict[str, object]:
     """The live outbound calls and their owners (those with a leg are counted as legs)."""
     dialer = service.dialer
-    return {} if dialer is None else {c.call_id: c.owner for c in dialer.live.values()}
+    return {} if dialer is None else {c.api_id: c.owner for c in dialer.live.values()}
 
 
 def running_services(app: web.Application) -> tuple[UserAgent, Dialer, Transfers] | None:

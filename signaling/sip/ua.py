@@ -157,8 +157,9 @@ class SipCall:
     bye_reason: Ending | None = None  # the leg ended before the ACK: BYE once it comes
     tasks: TaskOwner = field(default_factory=lambda: TaskOwner("sip-call"))
     timers: dict[str, TimerHandle] = field(default_factory=dict)
-    # The id of the call in the HTTP API (/v1/realtime/calls/{id}), its leg's id once open.
-    call_id: str = field(default_factory=lambda: f"sip_{tagged_token(ID_TOKEN_BYTES)}")
+    # The id of the call in the HTTP API (/v1/realtime/calls/{id}), its leg's id once open;
+    # `dialog.call_id` is SIP's Call-ID, `dialog_id` the dialog's key.
+    api_id: str = field(default_factory=lambda: f"sip_{tagged_token(ID_TOKEN_BYTES)}")
     decision: asyncio.Future[Decision] | None = None  # waiting for accept/reject (webhook)
     outcome: asyncio.Future[AgentError | None] | None = None  # what an accept came to
     srtp: sdes.SdesAnswer | None = None  # SDES-SRTP keys and our a=crypto (sdes.py)
@@ -171,7 +172,7 @@ class SipCall:
                 and not self.decision.done())
 
     @property
-    def id(self) -> DialogId:
+    def dialog_id(self) -> DialogId:
         return self.dialog.id
 
     def stop_timers(self) -> None:
@@ -201,7 +202,7 @@ class UserAgent:
         self._by_invite: dict[ServerKey, SipCall] = {}
         self._by_remote: dict[tuple[str, str], SipCall] = {}  # (Call-ID, From tag)
         self._by_leg: dict[str, SipCall] = {}
-        self._by_call_id: dict[str, SipCall] = {}
+        self._by_api_id: dict[str, SipCall] = {}
         self._http: aiohttp.ClientSession | None = None  # the webhook's
         if config.webhook_url and not config.webhook_secret:
             raise ValueError("a SIP webhook needs a signing secret (whsec_...)")
@@ -580,7 +581,7 @@ class UserAgent:
         self.calls[dialog.id] = call
         self._by_invite[server_key(request)] = call
         self._by_remote[remote_key] = call
-        self._by_call_id[call.call_id] = call
+        self._by_api_id[call.api_id] = call
         tx.respond(self._response(request, 180, to_tag=local_tag,
                                   headers=[("Contact", self._contact(flow.transport))]))
         call.tasks.spawn(self._answer(call), "answer")
@@ -634,7 +635,7 @@ class UserAgent:
             session, owner = decision
         try:
             leg = await open_sip_leg(self.agent, call.choice, self.rtp, call.dialog.call_id,
-                                     self._on_leg_closed, leg_id=call.call_id,
+                                     self._on_leg_closed, leg_id=call.api_id,
                                      session=session, owner=owner,
                                      srtp=call.srtp.keys if call.srtp else None,
                                      media_timeout=self.config.media_timeout)
@@ -684,13 +685,13 @@ class UserAgent:
                                               self.config.accept_timeout)
         except asyncio.TimeoutError:
             self.counters["accept_timeouts"] += 1
-            log.info("sip: call %s not accepted within %g s: 480", call.call_id,
+            log.info("sip: call %s not accepted within %g s: 480", call.api_id,
                      self.config.accept_timeout)
             self._reject(call, 480)
             return None
         if isinstance(decision, int):
             self.counters["rejected_by_application"] += 1
-            log.info("sip: call %s rejected by the application: %d", call.call_id, decision)
+            log.info("sip: call %s rejected by the application: %d", call.api_id, decision)
             self._reject(call, decision)
             return None
         return decision
@@ -702,7 +703,7 @@ class UserAgent:
             "type": "realtime.call.incoming",
             "created_at": int(time.time()),
             "data": {
-                "call_id": call.call_id,
+                "call_id": call.api_id,
                 "sip_headers": [{"name": name, "value": value}
                                 for name, value in call.invite.headers],
             },
@@ -728,16 +729,16 @@ class UserAgent:
         except Exception as exc:
             self.counters["webhook_failures"] += 1
             log.warning("sip: webhook for call %s failed: %r; it gets 480 unless accepted "
-                        "within %g s", call.call_id, exc, self.config.accept_timeout)
+                        "within %g s", call.api_id, exc, self.config.accept_timeout)
             return
         if not 200 <= status < 300:
             self.counters["webhook_failures"] += 1
             log.warning("sip: webhook for call %s answered %d; it gets 480 unless accepted "
-                        "within %g s", call.call_id, status, self.config.accept_timeout)
+                        "within %g s", call.api_id, status, self.config.accept_timeout)
 
-    def find_call(self, call_id: str) -> SipCall | None:
+    def find_call(self, api_id: str) -> SipCall | None:
         """An inbound call by its API id (pending, answered or ringing), else None."""
-        call = self._by_call_id.get(call_id)
+        call = self._by_api_id.get(api_id)
         return call if call is not None and call.state != InboundState.ENDED else None
 
     async def accept(self, call: SipCall, session: SessionConfig, owner: Principal) -> None:
@@ -1022,10 +1023,10 @@ class UserAgent:
         self._settle(call, CallError("call_ended", "the call ended before it was answered",
                                      status=409))
         call.tasks.cancel_all()
-        if self._by_call_id.get(call.call_id) is call:
-            del self._by_call_id[call.call_id]
-        if self.calls.get(call.id) is call:
-            del self.calls[call.id]
+        if self._by_api_id.get(call.api_id) is call:
+            del self._by_api_id[call.api_id]
+        if self.calls.get(call.dialog_id) is call:
+            del self.calls[call.dialog_id]
         key = server_key(call.invite)
         if self._by_invite.get(key) is call:
             del self._by_invite[key]
@@ -1066,7 +1067,7 @@ class UserAgent:
     async def _flow_for(self, call: SipCall, hop: Uri) -> Flow | None:
         return await self.flow_for(call.flow, hop, call.dialog.call_id)
 
-    async def flow_for(self, flow: Flow, hop: Uri, call_id: str) -> Flow | None:
+    async def flow_for(self, flow: Flow, hop: Uri, sip_call_id: str) -> Flow | None:
         """How to reach the next hop of an in-dialog request: the dialog's own TCP connection
         (`flow`) while it is open, else the hop's address (A/AAAA lookup; no NAPTR/SRV yet).
         None (logged) when it cannot be reached or is outside --sip-allow."""
@@ -1084,7 +1085,7 @@ class UserAgent:
             return await self.transports.flow_to(transport, address)
         except (OSError, ConnectionError, asyncio.TimeoutError) as exc:
             log.info("sip: cannot reach %s for %s: %r", printable(str(hop)),
-                     printable(call_id), exc)
+                     printable(sip_call_id), exc)
             return None
 
     @staticmethod

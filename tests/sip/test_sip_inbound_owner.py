@@ -59,7 +59,7 @@ async def ringing_call(server: SipServer) -> tuple[SipPeer, str]:
     await peer.response(180)
     await wait_until(lambda: any(call.pending for call in server.ua.calls.values()))
     call = next(call for call in server.ua.calls.values() if call.pending)
-    return peer, call.call_id
+    return peer, call.api_id
 
 
 @pytest.mark.parametrize("by_trunk", [False, True])
