@@ -69,7 +69,7 @@ def server(kind: str, extra: list[str] | None = None, niceness: int = 0) -> Iter
 
 async def run_callers(url: str, count: int, seconds: float, codec: str,
                       preencode: bool, window: float | None = None,
-                      seed: int = 0) -> list[dict[str, Any]]:
+                      seed: int = 0, sequential: bool = False) -> list[dict[str, Any]]:
     from agent.rtc_tuning import limit_host_addresses
     from agent.testing.peer import PreencodedSignalTrack, run_call
     from agent.testing.testsignal import make_test_signal
@@ -81,6 +81,14 @@ async def run_callers(url: str, count: int, seconds: float, codec: str,
     rng = random.Random(seed)
     starts = ([index * STAGGER_S for index in range(count)] if window is None  # like arrivals
               else sorted(rng.uniform(0, window) for _ in range(count)))
+
+    if sequential:  # one call after the other, each after a random pause of up to 1 s
+        reports = []
+        for _ in range(count):
+            await asyncio.sleep(rng.uniform(0, 1))
+            report, _, _ = await run_call(url, seconds=seconds, codec=codec, data_channel=False)
+            reports.append(report.__dict__)
+        return reports
 
     async def one(index: int) -> dict[str, Any]:
         await asyncio.sleep(starts[index])
@@ -96,7 +104,7 @@ def callers_subprocess(url: str, count: int, seconds: float, codec: str,
                        preencode: bool, core: str | None = "1",
                        on_start: Callable[[int], None] | None = None,
                        niceness: int = 0, window: float | None = None,
-                       seed: int = 0) -> list[dict[str, Any]]:
+                       seed: int = 0, sequential: bool = False) -> list[dict[str, Any]]:
     """`count` calls from one caller process (pinned to `core`; None: anywhere; at
     `niceness`); `on_start` gets its pid (to watch its CPU); `window`: each call starts at a
     random moment within it (`seed`) instead of staggered."""
@@ -105,6 +113,8 @@ def callers_subprocess(url: str, count: int, seconds: float, codec: str,
                                         "--codec", codec, "--seed", str(seed)]
     if window is not None:
         command += ["--window", str(window)]
+    if sequential:
+        command.append("--sequential")
     if preencode:
         command.append("--preencode")
     with subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -112,7 +122,8 @@ def callers_subprocess(url: str, count: int, seconds: float, codec: str,
         if on_start is not None:
             on_start(process.pid)  # taskset and nice exec the caller: the same pid
         try:
-            out, err = process.communicate(timeout=seconds * 3 + (window or 0) + 60)
+            out, err = process.communicate(
+                timeout=(seconds + 3) * (count if sequential else 3) + (window or 0) + 60)
         except subprocess.TimeoutExpired:
             process.kill()
             raise
@@ -201,16 +212,21 @@ BEST_WITHIN_MS = 10.0  # half a packet: a call this close to the best is at the 
 CLEAN_ECHO = 0.9  # a lower correlation: the lag found is not the echo's (a starved rig)
 
 
-def bench_random_start(count: int, seconds: float, window: float, seed: int) -> None:
+def bench_random_start(count: int, seconds: float, window: float, seed: int,
+                       niceness: int = 0, sequential: bool = False) -> None:
     """N calls at random moments against one agent: each call's round trip, and how many are
-    at the best phase (within half a packet of the fastest call)."""
-    with server("agent") as url:
+    at the best phase (within half a packet of the fastest call). `niceness` for the server
+    and the callers (negative: ahead of other work on a shared machine; needs root)."""
+    with server("agent", niceness=niceness) as url:
         reports = callers_subprocess(url, count, seconds, "opus", False, core="1",
-                                     window=window, seed=seed)
+                                     window=window, seed=seed, niceness=niceness,
+                                     sequential=sequential)
     delays = [r["delay_ms"] for r in reports if r["connected"] and r["delay_ms"] is not None
               and (r["correlation"] or 0.0) >= CLEAN_ECHO]
     failed = len(reports) - len(delays)
-    print(f"\n### Echo round trip, {count} calls started at random moments within {window:g} s "
+    when = ("one at a time, each after a random pause of up to 1 s" if sequential
+            else f"started at random moments within {window:g} s")
+    print(f"\n### Echo round trip, {count} calls {when} "
           f"(Opus, loopback, {seconds:g} s each, seed {seed})\n")
     print("| call | round trip ms | correlation |")
     print("|---|---|---|")
@@ -452,6 +468,11 @@ def main() -> None:
     delay.add_argument("--window", type=float, default=None,
                        help="seconds over which the random starts spread (default N x 0.5)")
     delay.add_argument("--seed", type=int, default=1)
+    delay.add_argument("--one-at-a-time", action="store_true",
+                       help="with --random-start: the calls one after the other (no overlap: "
+                       "the rig's own set-up of one call cannot disturb another)")
+    delay.add_argument("--nice", type=int, default=0,
+                       help="with --random-start: the server's and callers' niceness")
     capacity = sub.add_parser("capacity")
     capacity.add_argument("--codecs", default="opus,pcmu")
     capacity.add_argument("--levels", default="2,4,6,8,10,12,15,18,21,24,28,32")
@@ -480,15 +501,17 @@ def main() -> None:
     callers.add_argument("--preencode", action="store_true")
     callers.add_argument("--window", type=float, default=None)
     callers.add_argument("--seed", type=int, default=0)
+    callers.add_argument("--sequential", action="store_true")
     args = parser.parse_args()
     if args.command == "callers":
         reports = asyncio.run(run_callers(args.url, args.n, args.seconds, args.codec,
-                                          args.preencode, args.window, args.seed))
+                                          args.preencode, args.window, args.seed,
+                                          args.sequential))
         print(json.dumps(reports))
     elif args.command == "delay" and args.random_start:
         bench_random_start(args.random_start, args.seconds,
                            args.window if args.window is not None else args.random_start * 0.5,
-                           args.seed)
+                           args.seed, args.nice, args.one_at_a_time)
     elif args.command == "delay":
         bench_delay(args.runs, args.seconds)
     elif args.command == "cpu":
