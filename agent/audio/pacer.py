@@ -6,8 +6,9 @@ suspended process) the pacer re-anchors instead of bursting the missed packets o
 
 A pacer that times itself (`wait_next`) takes its phase from the audio it sends: it starts,
 and restarts after a stall, on the grid of `phase_hint` (just after the ticker's answers
-land, set by playout.py), and `advance` moves it earlier when the answers land earlier than
-that. One driven by a shared clock (`take_due`) keeps that clock's phase.
+land, set by playout.py; the first send waits up to `first_phase_wait` for it), and
+`advance` moves it earlier when the answers land earlier than that. One driven by a shared
+clock (`take_due`) keeps that clock's phase.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from agent.audio.clock import Clock
 # A packet released this long after the one before leaves a hole in the audio at the
 # receiver: the capacity benchmark's timing criterion (60 ms), seen from the sender.
 HOLE_SECONDS = 0.06
+_PHASE_POLL = 0.005  # how often a pacer waiting for its first phase looks again
 _SAME_TICK = 1e-6  # due times and a shared clock's ticks, computed apart, may differ by this
 
 
@@ -36,6 +38,9 @@ class Pacer:
         self.phase_hint: float | None = None
         self.advanced_seconds = 0.0  # how far `advance` moved the timeline, in all
         self._driven = False  # paced by a shared clock's ticks (take_due): its phase is fixed
+        # How long a self-timed pacer's first send may wait for a `phase_hint` (the first
+        # audio to land) rather than start on a phase of its own; 0: it does not wait.
+        self.first_phase_wait = 0.0
 
     def take_due(self, tick_at: float, now: float) -> int:
         """Pacing driven from outside (a shared clock calling on the sender's phase every
@@ -55,6 +60,11 @@ class Pacer:
     async def wait_next(self) -> None:
         """Sleep until the next packet is due."""
         now = self.clock.now()
+        if self._anchor is None and self.phase_hint is None and self.first_phase_wait > 0:
+            deadline = now + self.first_phase_wait
+            while self.phase_hint is None and now < deadline:
+                await self.clock.sleep_until(min(deadline, now + _PHASE_POLL))
+                now = self.clock.now()
         await self.clock.sleep_until(self._next_due_at(now, restart_at=self._on_phase(now)))
         self._note_release(self.clock.now())
         self._index += 1

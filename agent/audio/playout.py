@@ -29,6 +29,9 @@ HOLD_CUSHION_SECONDS = 0.08  # the most kept as a cushion: one 80 ms model frame
 # loop's and the step's jitter from one output to the next, beyond what a window saw.
 PHASE_GUARD_SECONDS = 0.004
 PHASE_FIRST_PUSHES = 4  # the first alignment, 320 ms of outputs into the call
+# A leg that starts sending as its seat is taken (a media stream) holds its first send this
+# long at most for the first output to land: the sends then start on the outputs' phase.
+FIRST_PHASE_WAIT_SECONDS = 0.1
 SILENCE_PEAK = 10 ** (-50 / 20)  # about -50 dBFS: quieter audio may be dropped unheard
 
 
@@ -53,6 +56,7 @@ class PlayoutBuffer(SampleFifo):
     def follow(self, pacer: Pacer, sample_rate: int) -> None:
         """Trim against this pacer's send times (without one the buffer never trims)."""
         self._pacer = pacer
+        pacer.first_phase_wait = FIRST_PHASE_WAIT_SECONDS
         self._sample_rate = sample_rate
         granule = round(pacer.period * sample_rate)
         self._backlog = StandingBacklog(

@@ -22,6 +22,7 @@ async def play(outputs: int, stall: tuple[int, float] | None, level: float
     pacer = Pacer(clock, 0.02, max_lateness=10.0)
     playout = PlayoutBuffer(FRAME * 100)
     playout.follow(pacer, RATE)
+    pacer.first_phase_wait = 0.0  # the first send at t = 0, before any output (see below)
     times = [0.081 + 0.08 * k for k in range(outputs)]
     if stall is not None:
         ends = times[stall[0]] + stall[1]

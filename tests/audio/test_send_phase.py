@@ -10,6 +10,8 @@ its packets arrive, each frame is complete less than a packet before the tick th
 
 from __future__ import annotations
 
+import asyncio
+
 import numpy as np
 import pytest
 
@@ -36,6 +38,9 @@ async def send_waits(start_phase_ms: int, frames: int, pushes_before_start: int)
     pacer = Pacer(clock, 0.02)
     playout = PlayoutBuffer(FRAME * 20)
     playout.follow(pacer, RATE)
+    # Sends that start before any answer lands (a test of the windows that follow; a real
+    # pacer waits for the first answer a while, see the test below).
+    pacer.first_phase_wait = 0.0
     landings = [TICK0 + k * PERIOD + STEP for k in range(frames)]
     for at in landings[:pushes_before_start]:  # before the call connects: nothing is sent
         clock.time = at
@@ -77,6 +82,22 @@ async def test_every_start_phase_sends_each_answer_just_after_it_lands(
     # Within a millisecond of the guard, on every answer, at every start phase (the old
     # pacer: the start phase's distance to the landing, anywhere up to 20 ms).
     assert all(abs(wait - PHASE_GUARD_SECONDS) < 0.001 for wait in settled), waits
+
+
+async def test_a_leg_sending_from_its_first_moment_starts_on_the_first_answers_phase() -> None:
+    """A media stream starts its sends as its seat is taken: the first send waits (a while)
+    for the first answer to land, and the sends start the guard after it."""
+    clock = FakeClock(start=TICK0)
+    pacer = Pacer(clock, 0.02)
+    playout = PlayoutBuffer(FRAME * 20)
+    playout.follow(pacer, RATE)
+    first_send = asyncio.ensure_future(pacer.wait_next())
+    await asyncio.sleep(0)  # the pacer looks, and waits
+    assert not first_send.done()
+    clock.time = TICK0 + 0.0123  # the first answer lands
+    playout.push(np.full(FRAME, 0.3, dtype=np.float32))
+    await first_send
+    assert clock.now() == pytest.approx(TICK0 + 0.0123 + PHASE_GUARD_SECONDS)
 
 
 async def test_answers_landing_earlier_move_the_sends_with_them() -> None:
