@@ -83,11 +83,18 @@ async def run_callers(url: str, count: int, seconds: float, codec: str,
               else sorted(rng.uniform(0, window) for _ in range(count)))
 
     if sequential:  # one call after the other, each after a random pause of up to 1 s
+        # A call that runs throughout (not measured) keeps the agent's tick on one timeline,
+        # so each measured call joins it at a phase its random start decides.
+        ticking = asyncio.ensure_future(run_call(url, seconds=count * (seconds + 4) + 10,
+                                                 codec=codec, data_channel=False))
+        await asyncio.sleep(2)
         reports = []
         for _ in range(count):
             await asyncio.sleep(rng.uniform(0, 1))
             report, _, _ = await run_call(url, seconds=seconds, codec=codec, data_channel=False)
             reports.append(report.__dict__)
+        ticking.cancel()
+        await asyncio.gather(ticking, return_exceptions=True)
         return reports
 
     async def one(index: int) -> dict[str, Any]:
@@ -224,7 +231,8 @@ def bench_random_start(count: int, seconds: float, window: float, seed: int,
     delays = [r["delay_ms"] for r in reports if r["connected"] and r["delay_ms"] is not None
               and (r["correlation"] or 0.0) >= CLEAN_ECHO]
     failed = len(reports) - len(delays)
-    when = ("one at a time, each after a random pause of up to 1 s" if sequential
+    when = ("one at a time, each after a random pause of up to 1 s, beside a call that runs "
+            "throughout" if sequential
             else f"started at random moments within {window:g} s")
     print(f"\n### Echo round trip, {count} calls {when} "
           f"(Opus, loopback, {seconds:g} s each, seed {seed})\n")
@@ -469,8 +477,9 @@ def main() -> None:
                        help="seconds over which the random starts spread (default N x 0.5)")
     delay.add_argument("--seed", type=int, default=1)
     delay.add_argument("--one-at-a-time", action="store_true",
-                       help="with --random-start: the calls one after the other (no overlap: "
-                       "the rig's own set-up of one call cannot disturb another)")
+                       help="with --random-start: the calls one after the other beside one "
+                       "long unmeasured call that keeps the tick running (no two measured "
+                       "calls overlap: one's set-up cannot disturb another)")
     delay.add_argument("--nice", type=int, default=0,
                        help="with --random-start: the server's and callers' niceness")
     capacity = sub.add_parser("capacity")
