@@ -69,7 +69,8 @@ def server(kind: str, extra: list[str] | None = None, niceness: int = 0) -> Iter
 
 async def run_callers(url: str, count: int, seconds: float, codec: str,
                       preencode: bool, window: float | None = None,
-                      seed: int = 0, sequential: bool = False) -> list[dict[str, Any]]:
+                      seed: int = 0, sequential: bool = False,
+                      keep_ticking: bool = False) -> list[dict[str, Any]]:
     from agent.rtc_tuning import limit_host_addresses
     from agent.testing.peer import PreencodedSignalTrack, run_call
     from agent.testing.testsignal import make_test_signal
@@ -83,18 +84,21 @@ async def run_callers(url: str, count: int, seconds: float, codec: str,
               else sorted(rng.uniform(0, window) for _ in range(count)))
 
     if sequential:  # one call after the other, each after a random pause of up to 1 s
-        # A call that runs throughout (not measured) keeps the agent's tick on one timeline,
-        # so each measured call joins it at a phase its random start decides.
-        ticking = asyncio.ensure_future(run_call(url, seconds=count * (seconds + 4) + 10,
-                                                 codec=codec, data_channel=False))
-        await asyncio.sleep(2)
+        # `keep_ticking`: a call that runs throughout (not measured) keeps the agent's tick on
+        # one timeline, so each measured call joins it at a phase its random start decides
+        # (without it the tick starts again at each call's offer).
+        ticking = (asyncio.ensure_future(run_call(url, seconds=count * (seconds + 4) + 10,
+                                                  codec=codec, data_channel=False))
+                   if keep_ticking else None)
+        await asyncio.sleep(2 if keep_ticking else 0)
         reports = []
         for _ in range(count):
             await asyncio.sleep(rng.uniform(0, 1))
             report, _, _ = await run_call(url, seconds=seconds, codec=codec, data_channel=False)
             reports.append(report.__dict__)
-        ticking.cancel()
-        await asyncio.gather(ticking, return_exceptions=True)
+        if ticking is not None:
+            ticking.cancel()
+            await asyncio.gather(ticking, return_exceptions=True)
         return reports
 
     async def one(index: int) -> dict[str, Any]:
@@ -111,7 +115,8 @@ def callers_subprocess(url: str, count: int, seconds: float, codec: str,
                        preencode: bool, core: str | None = "1",
                        on_start: Callable[[int], None] | None = None,
                        niceness: int = 0, window: float | None = None,
-                       seed: int = 0, sequential: bool = False) -> list[dict[str, Any]]:
+                       seed: int = 0, sequential: bool = False,
+                      keep_ticking: bool = False) -> list[dict[str, Any]]:
     """`count` calls from one caller process (pinned to `core`; None: anywhere; at
     `niceness`); `on_start` gets its pid (to watch its CPU); `window`: each call starts at a
     random moment within it (`seed`) instead of staggered."""
@@ -122,6 +127,8 @@ def callers_subprocess(url: str, count: int, seconds: float, codec: str,
         command += ["--window", str(window)]
     if sequential:
         command.append("--sequential")
+    if keep_ticking:
+        command.append("--keep-ticking")
     if preencode:
         command.append("--preencode")
     with subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -220,19 +227,20 @@ CLEAN_ECHO = 0.9  # a lower correlation: the lag found is not the echo's (a star
 
 
 def bench_random_start(count: int, seconds: float, window: float, seed: int,
-                       niceness: int = 0, sequential: bool = False) -> None:
+                       niceness: int = 0, sequential: bool = False,
+                       keep_ticking: bool = False) -> None:
     """N calls at random moments against one agent: each call's round trip, and how many are
     at the best phase (within half a packet of the fastest call). `niceness` for the server
     and the callers (negative: ahead of other work on a shared machine; needs root)."""
     with server("agent", niceness=niceness) as url:
         reports = callers_subprocess(url, count, seconds, "opus", False, core="1",
                                      window=window, seed=seed, niceness=niceness,
-                                     sequential=sequential)
+                                     sequential=sequential, keep_ticking=keep_ticking)
     delays = [r["delay_ms"] for r in reports if r["connected"] and r["delay_ms"] is not None
               and (r["correlation"] or 0.0) >= CLEAN_ECHO]
     failed = len(reports) - len(delays)
-    when = ("one at a time, each after a random pause of up to 1 s, beside a call that runs "
-            "throughout" if sequential
+    when = ("one at a time, each after a random pause of up to 1 s"
+            + (", beside a call that runs throughout" if keep_ticking else "") if sequential
             else f"started at random moments within {window:g} s")
     print(f"\n### Echo round trip, {count} calls {when} "
           f"(Opus, loopback, {seconds:g} s each, seed {seed})\n")
@@ -477,9 +485,11 @@ def main() -> None:
                        help="seconds over which the random starts spread (default N x 0.5)")
     delay.add_argument("--seed", type=int, default=1)
     delay.add_argument("--one-at-a-time", action="store_true",
-                       help="with --random-start: the calls one after the other beside one "
-                       "long unmeasured call that keeps the tick running (no two measured "
-                       "calls overlap: one's set-up cannot disturb another)")
+                       help="with --random-start: the calls one after the other (no two "
+                       "overlap: one's set-up cannot disturb another)")
+    delay.add_argument("--keep-ticking", action="store_true",
+                       help="with --one-at-a-time: beside one long unmeasured call, so the "
+                       "measured calls join a running tick")
     delay.add_argument("--nice", type=int, default=0,
                        help="with --random-start: the server's and callers' niceness")
     capacity = sub.add_parser("capacity")
@@ -511,16 +521,17 @@ def main() -> None:
     callers.add_argument("--window", type=float, default=None)
     callers.add_argument("--seed", type=int, default=0)
     callers.add_argument("--sequential", action="store_true")
+    callers.add_argument("--keep-ticking", action="store_true")
     args = parser.parse_args()
     if args.command == "callers":
         reports = asyncio.run(run_callers(args.url, args.n, args.seconds, args.codec,
                                           args.preencode, args.window, args.seed,
-                                          args.sequential))
+                                          args.sequential, args.keep_ticking))
         print(json.dumps(reports))
     elif args.command == "delay" and args.random_start:
         bench_random_start(args.random_start, args.seconds,
                            args.window if args.window is not None else args.random_start * 0.5,
-                           args.seed, args.nice, args.one_at_a_time)
+                           args.seed, args.nice, args.one_at_a_time, args.keep_ticking)
     elif args.command == "delay":
         bench_delay(args.runs, args.seconds)
     elif args.command == "cpu":
