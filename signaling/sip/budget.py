@@ -44,12 +44,13 @@ from __future__ import annotations
 import argparse
 import logging
 import math
-from collections import Counter, OrderedDict
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from agent.audio.clock import Clock, MonotonicClock
 from agent.logs.log_safe import LogThrottle
+from signaling.sip.buckets import BucketTable
 from signaling.sip.transport import HEADER_TIMEOUT, TCP_PER_ADDRESS
 
 log = logging.getLogger(__name__)
@@ -75,12 +76,6 @@ class BudgetSettings:
     header_timeout: float = DEFAULT_HEADER_TIMEOUT  # 0: none
 
 
-@dataclass
-class _Bucket:
-    tokens: float
-    updated: float
-
-
 class MessageBudget:
     """Token buckets for every message, one per source address, in a bounded LRU table."""
 
@@ -90,8 +85,9 @@ class MessageBudget:
             raise ValueError("the message rate must be >= 0, the burst and table size >= 1")
         self.settings = settings
         self._clock = clock or MonotonicClock()
-        self._buckets: OrderedDict[str, _Bucket] = OrderedDict()
         self.counters: Counter[str] = Counter()
+        self._buckets = BucketTable(settings.message_rate, settings.message_burst,
+                                    settings.table_size, self._clock, self.counters)
         self._noise = LogThrottle(1.0, self._clock)
         self._dropped_since_log: Counter[str] = Counter()
 
@@ -103,21 +99,8 @@ class MessageBudget:
         rate = self.settings.message_rate
         if rate <= 0:
             return True
-        now = self._clock.now()
-        burst = float(self.settings.message_burst)
-        bucket = self._buckets.get(address)
-        if bucket is None:
-            bucket = _Bucket(burst, now)
-            self._buckets[address] = bucket
-            if len(self._buckets) > self.settings.table_size:
-                self._buckets.popitem(last=False)
-                self.counters["addresses_evicted"] += 1
-        else:
-            self._buckets.move_to_end(address)
-            bucket.tokens = min(burst, bucket.tokens + (now - bucket.updated) * rate)
-            bucket.updated = now
-        if bucket.tokens >= 1.0:
-            bucket.tokens -= 1.0
+        _, wait = self._buckets.take(address)
+        if not wait:
             return True
         self.counters["messages_dropped"] += 1
         self._dropped_since_log[address] += 1

@@ -7,10 +7,8 @@ seconds until the next token), statelessly (no transaction, dialog or task is cr
 it); past `REPLY_CAP` such answers to one address within a second the rest are dropped
 without a word, so a flood cannot turn the agent into an amplifier. The table of addresses
 is an LRU bounded by `--sip-invite-table` entries: an address pushed out starts again with a
-full bucket, which only ever errs on the side of serving. One log line a second at most
-tells how many were refused and from where. The buckets are a few lines of arithmetic on a
-dict; the rate-limit libraries on PyPI (limits, aiolimiter) keep per-key state without a
-bound or per-limiter objects, which is what a flood of distinct addresses must not grow.
+full bucket, which only ever errs on the side of serving (buckets.py). One log line a second
+at most tells how many were refused and from where.
 
 In-dialog requests from the wrong address are refused by dialog_guard.py.
 """
@@ -20,12 +18,13 @@ from __future__ import annotations
 import argparse
 import logging
 import math
-from collections import Counter, OrderedDict
+from collections import Counter
 from dataclasses import dataclass
 from enum import Enum
 
 from agent.audio.clock import Clock, MonotonicClock
 from agent.logs.log_safe import LogThrottle
+from signaling.sip.buckets import BucketTable
 
 log = logging.getLogger(__name__)
 
@@ -51,14 +50,6 @@ class Verdict(Enum):
     DROP = "drop"  # no answer at all
 
 
-@dataclass
-class _Bucket:
-    tokens: float
-    updated: float
-    refusals: int = 0  # within the second that began at `window`
-    window: float = 0.0
-
-
 @dataclass(frozen=True)
 class InviteDecision:
     verdict: Verdict
@@ -73,8 +64,9 @@ class InviteLimiter:
             raise ValueError("the INVITE rate must be >= 0, the burst and table size >= 1")
         self.settings = settings
         self._clock = clock or MonotonicClock()
-        self._buckets: OrderedDict[str, _Bucket] = OrderedDict()
         self.counters: Counter[str] = Counter()
+        self._buckets = BucketTable(settings.invite_rate, settings.invite_burst,
+                                    settings.table_size, self._clock, self.counters)
         self._noise = LogThrottle(1.0, self._clock)
         self._refused_since_log: Counter[str] = Counter()
 
@@ -88,22 +80,10 @@ class InviteLimiter:
     def decide(self, address: str) -> InviteDecision:
         if not self.enabled:
             return InviteDecision(Verdict.ADMIT)
-        now = self._clock.now()
-        rate, burst = self.settings.invite_rate, float(self.settings.invite_burst)
-        bucket = self._buckets.get(address)
-        if bucket is None:
-            bucket = _Bucket(burst, now, window=now)
-            self._buckets[address] = bucket
-            if len(self._buckets) > self.settings.table_size:
-                self._buckets.popitem(last=False)
-                self.counters["addresses_evicted"] += 1
-        else:
-            self._buckets.move_to_end(address)
-            bucket.tokens = min(burst, bucket.tokens + (now - bucket.updated) * rate)
-            bucket.updated = now
-        if bucket.tokens >= 1.0:
-            bucket.tokens -= 1.0
+        bucket, wait = self._buckets.take(address)
+        if not wait:
             return InviteDecision(Verdict.ADMIT)
+        now = self._buckets.now()
         if now - bucket.window >= 1.0:
             bucket.window, bucket.refusals = now, 0
         bucket.refusals += 1
@@ -113,7 +93,7 @@ class InviteLimiter:
             self.counters["invites_dropped"] += 1
             return InviteDecision(Verdict.DROP)
         self.counters["invites_limited"] += 1
-        return InviteDecision(Verdict.REFUSE, max(1, math.ceil((1.0 - bucket.tokens) / rate)))
+        return InviteDecision(Verdict.REFUSE, max(1, math.ceil(wait)))
 
     def _log_refusals(self) -> None:
         if self._noise.admit() is None:

@@ -17,11 +17,12 @@ from __future__ import annotations
 import argparse
 import math
 import re
-import time
 import unicodedata
 from dataclasses import dataclass
 from urllib.parse import unquote
 
+from agent.audio.clock import Clock
+from signaling.sip.buckets import BucketTable
 from signaling.sip.uri import Uri, format_host
 
 DEFAULT_RATE = 2.0  # calls a second, per key: a small call centre's dialler
@@ -84,33 +85,20 @@ class Destinations:
 class OutboundRate:
     """One token bucket per key: `rate` calls a second, `burst` at once (rate 0: off)."""
 
-    def __init__(self, rate: float = DEFAULT_RATE, burst: int = DEFAULT_BURST) -> None:
+    def __init__(self, rate: float = DEFAULT_RATE, burst: int = DEFAULT_BURST,
+                 clock: Clock | None = None) -> None:
         self.rate, self.burst = rate, max(1, burst)
-        self._buckets: dict[str, tuple[float, float]] = {}  # key -> (tokens, at)
+        self._buckets = BucketTable(rate, self.burst, MAX_KEYS, clock)
         self.refused = 0
 
-    def take(self, key: str, now: float | None = None) -> float:
+    def take(self, key: str) -> float:
         """0.0 when a call may be placed now (its token taken), else the seconds until one
         may."""
         if self.rate <= 0:
             return 0.0
-        now = time.monotonic() if now is None else now
-        tokens, at = self._buckets.get(key, (float(self.burst), now))
-        tokens = min(float(self.burst), tokens + (now - at) * self.rate)
-        if tokens < 1.0:
-            self._buckets[key] = (tokens, now)
-            self.refused += 1
-            return (1.0 - tokens) / self.rate
-        if len(self._buckets) >= MAX_KEYS and key not in self._buckets:
-            self._forget_full(now)
-        self._buckets[key] = (tokens - 1.0, now)
-        return 0.0
-
-    def _forget_full(self, now: float) -> None:
-        """Drop the buckets that have refilled (they hold nothing a new one would not)."""
-        for key, (tokens, at) in list(self._buckets.items()):
-            if tokens + (now - at) * self.rate >= self.burst:
-                del self._buckets[key]
+        _, wait = self._buckets.take(key)
+        self.refused += bool(wait)
+        return wait
 
     @staticmethod
     def retry_after(wait: float) -> str:
