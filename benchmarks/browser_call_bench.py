@@ -29,16 +29,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import harness  # noqa: F401 (puts tests.support on the path)
 import numpy as np
 from aiohttp import web
 
 from agent.media_agent import AgentSettings, MediaAgent
 from agent.plugins.echo import EchoPlugin
 from agent.rtc_tuning import limit_host_addresses
-from agent.testing.chromium import launch_chromium, open_page
 from agent.testing.peer import save_wav
 from agent.testing.testsignal import make_test_signal, measure_echo
 from signaling.app import create_app
+from tests.support.chromium import launch_chromium, open_page
 
 SIGNAL_SECONDS = 8.0
 PAGE_QUERY = "?echo_cancellation=0&noise_suppression=0&auto_gain=0"

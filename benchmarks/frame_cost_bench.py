@@ -16,6 +16,7 @@ import asyncio
 import time
 
 import av
+import harness  # noqa: F401 (puts tests.support on the path)
 import numpy as np
 
 from agent.audio.framing import FrameAssembler
@@ -23,10 +24,10 @@ from agent.audio.pacer import Pacer
 from agent.audio.playout import PlayoutBuffer
 from agent.plugins.base import RuntimeConfig
 from agent.plugins.echo import EchoPlugin
-from agent.testing.clock import FakeClock
 from agent.testing.testsignal import make_test_signal
 from agent.ticker import PluginSlot
 from agent.webrtc.outbound import float_to_s16
+from tests.support.clock import FakeClock
 
 
 def decoded_packets(seconds: float) -> list[av.AudioFrame]:

@@ -1,6 +1,7 @@
-"""What the benchmark scripts share: ports, pinning to a core, a server's CPU time, and for
-capacity levels the steady window's CPU (agent, callers, foreign), the frame-cost
-calibration and the echo's correlation with what was sent."""
+"""What the benchmark scripts share: the tests' shared helpers on the path (`tests.support`),
+ports, pinning to a core, a server's CPU time, and for capacity levels the steady window's
+CPU (agent, callers, foreign), the frame-cost calibration and the echo's correlation with
+what was sent."""
 
 from __future__ import annotations
 
@@ -19,6 +20,11 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
+# The helpers the benchmarks share with the tests (tests/support/: the fake clock, the fake
+# engines, headless Chromium, the UDP relay) are not installed with the package: importing
+# this module puts the repository root on the path so that `tests.support` imports.
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
 
 
 def free_port() -> int:

@@ -2,7 +2,7 @@
 
 A real `python -m signaling` (echo plugin, `--ice-host 127.0.0.1`, core 0) and one aiortc
 caller in this process (core 1) sending the built-in test signal. The caller's path to the
-agent is a userspace UDP relay (agent/testing/udp_path.py); each round cuts the current path
+agent is a userspace UDP relay (tests/support/udp_path.py); each round cuts the current path
 (a dead network), opens a new one (new addresses on both sides) and restarts ICE over it with
 a `PATCH` of the call resource (RFC 9725) or a re-offer (`POST` of a new SDP offer on the
 call). Per restart it measures, from the moment the restart offer is sent: the HTTP answer,
@@ -38,8 +38,8 @@ from agent.rtc_tuning.ice_restart import (
 )
 from agent.testing.peer import SignalTrack
 from agent.testing.testsignal import make_test_signal
-from agent.testing.udp_path import UdpPath
 from agent.webrtc.trickle import parse_sdpfrag
+from tests.support.udp_path import UdpPath
 
 LOUD_RMS = 0.02  # the test signal is 0.25 RMS; silence from the echo is 0
 

@@ -37,24 +37,22 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import harness  # noqa: F401 (puts tests.support on the path)
 from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
-from harness import ROOT
 
-sys.path.insert(0, str(ROOT))  # tests.support is not installed with the package
-
-from agent.rtc_tuning.ice_restart import (  # noqa: E402
+from agent.rtc_tuning.ice_restart import (
     IceCredentials,
     IceRestartError,
     RestartableIce,
     restart_sdpfrag,
 )
-from agent.testing.peer import SignalTrack  # noqa: E402
-from agent.testing.testsignal import make_test_signal  # noqa: E402
-from agent.webrtc.trickle import parse_sdpfrag  # noqa: E402
-from tests.support import SPEECH_WAV  # noqa: E402
-from tests.support.netns import AGENT_PUBLIC, NatLab, nat_lab, netns_problem  # noqa: E402
-from tests.support.netns_browser import (  # noqa: E402
+from agent.testing.peer import SignalTrack
+from agent.testing.testsignal import make_test_signal
+from agent.webrtc.trickle import parse_sdpfrag
+from tests.support import SPEECH_WAV
+from tests.support.netns import AGENT_PUBLIC, NatLab, nat_lab, netns_problem
+from tests.support.netns_browser import (
     MUX_PORT,
     Recovery,
     agent_calls,

@@ -15,17 +15,17 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
-from pathlib import Path
 
-from agent.testing.opus_quality import (
+from harness import ROOT
+
+from agent.webrtc.encoding import OPUS_COMPLEXITY, PTIME
+from tests.support.opus_quality import (
     decode_opus_at_24k,
     encode_opus,
     read_wav_at,
     snr_db,
 )
-from agent.webrtc.encoding import OPUS_COMPLEXITY, PTIME
 
-ROOT = Path(__file__).resolve().parents[1]
 RATE = 24000
 
 

@@ -1,7 +1,7 @@
 """Latency budget of the remote-engine plugins against the test suite's fake engines.
 
 Each call is a real aiortc peer on loopback calling a real agent server whose plugin talks
-to an in-process fake engine (agent/testing/fake_engines.py: echoes the caller, vllm-omni protocol
+to an in-process fake engine (tests/support/fake_engines.py: echoes the caller, vllm-omni protocol
 with odd-sized pcm16 deltas, or Moshi protocol with Ogg-Opus both ways). For comparison the
 echo plugin (no engine) runs the same calls. Per call: the peer's measured round trip of its
 test signal, and the plugin's own numbers from /metrics/calls (upstream round trip per frame,
@@ -19,6 +19,7 @@ import statistics
 from typing import Any
 
 import aiohttp
+import harness  # noqa: F401 (puts tests.support on the path)
 from aiohttp.test_utils import TestServer
 
 from agent.media_agent import MediaAgent
@@ -27,9 +28,9 @@ from agent.plugins.echo import EchoPlugin
 from agent.plugins.remote.moshi_server import MoshiServerPlugin
 from agent.plugins.remote.vllm_omni import VllmOmniPlugin
 from agent.rtc_tuning import limit_host_addresses
-from agent.testing.fake_engines import FakeMoshi, FakeVllmOmni
 from agent.testing.peer import run_call
 from signaling.app import create_app
+from tests.support.fake_engines import FakeMoshi, FakeVllmOmni
 
 
 async def plugin_stats(url: str) -> dict[str, Any] | None:

@@ -1,5 +1,5 @@
-"""Developer and test tooling, apart from the runtime: the headless peer (`python -m
-agent.peer` is its thin entry point), the built-in test signal and its echo measurements, a
-fake clock, the Opus quality measure, headless Chromium as the tests and benchmarks launch it
-(`chromium.py`), and protocol-faithful fakes of the remote engines (`fake_engines.py`).
+"""Developer and test tooling that users run, apart from the runtime: the headless peer
+(`python -m agent.peer` is its thin entry point) and its pytest plugin, and the built-in test
+signal with its echo measurements. The doubles only the project's own tests and benchmarks use
+(fake clock, fake engines, headless Chromium, ...) live in tests/support/, outside the wheel.
 Nothing under agent/ outside this package imports it."""

@@ -6,8 +6,8 @@ from aiortc.codecs.opus import OpusEncoder
 
 from agent.audio.pacer import Pacer
 from agent.audio.playout import PlayoutBuffer
-from agent.testing.clock import FakeClock
 from agent.webrtc.outbound import AgentAudioTrack
+from tests.support.clock import FakeClock
 
 
 async def test_an_hour_of_pacing_has_no_drift() -> None:

@@ -6,7 +6,7 @@ import numpy as np
 
 from agent.audio.pacer import Pacer
 from agent.audio.playout import TRIM_HOLD_PUSHES, TRIM_WINDOW_PUSHES, PlayoutBuffer
-from agent.testing.clock import FakeClock
+from tests.support.clock import FakeClock
 
 RATE = 1000  # 20 samples per 20 ms chunk, 80 per 80 ms output
 CHUNK, FRAME = 20, 80

@@ -18,8 +18,8 @@ import pytest
 from agent.audio.pacer import Pacer
 from agent.audio.playout import PHASE_FIRST_PUSHES, PHASE_GUARD_SECONDS, PlayoutBuffer
 from agent.audio.send_phase import SendPhase
-from agent.testing.clock import FakeClock
 from agent.ticker import PluginSlot
+from tests.support.clock import FakeClock
 
 RATE = 24000
 PACKET = 480  # 20 ms

@@ -12,13 +12,13 @@ import pytest
 from agent.plugins.base import PluginError
 from agent.plugins.remote.link import LinkSettings
 from agent.plugins.remote.moshi_server import MoshiServerPlugin
-from agent.testing.fake_engines import Behaviour, FakeMoshi
 from signaling.cluster import leases
 from signaling.cluster.leases import RedisSeats
 from signaling.cluster.store import Store
 from tests.cluster.support import Redis
 from tests.remote.driver import Driver, failed_with
 from tests.support.agents import wait_until
+from tests.support.fake_engines import Behaviour, FakeMoshi
 
 pytestmark = pytest.mark.interop  # a real redis-server
 

@@ -19,9 +19,9 @@ from collections.abc import AsyncIterator
 import aiohttp
 import pytest
 
-from agent.testing.fake_engines import Behaviour, FakeMoshi, FakeServer
 from signaling.cluster import leases
 from tests.cluster.support import Cluster, running_cluster, wait_for
+from tests.support.fake_engines import Behaviour, FakeMoshi, FakeServer
 
 pytestmark = [pytest.mark.interop, pytest.mark.slow]
 

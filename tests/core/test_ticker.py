@@ -15,8 +15,8 @@ from agent.plugins.base import (
     SessionConfig,
     StepOutput,
 )
-from agent.testing.clock import FakeClock
 from agent.ticker import TRIM_WINDOW_TICKS, PluginSlot, Ticker
+from tests.support.clock import FakeClock
 
 FRAME = 4  # tiny frames keep the arithmetic readable: 4 samples at 50 Hz = 80 ms
 

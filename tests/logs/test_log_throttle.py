@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from agent.logs.log_safe import LogThrottle, held_back_note
-from agent.testing.clock import FakeClock
+from tests.support.clock import FakeClock
 
 
 def test_first_line_passes_then_one_per_interval_with_the_count_held_back() -> None:

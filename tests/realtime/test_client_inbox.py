@@ -3,7 +3,7 @@ from __future__ import annotations
 import asyncio
 
 from agent.realtime.client_inbox import ClientEventInbox, RawEvent
-from agent.testing.clock import FakeClock
+from tests.support.clock import FakeClock
 
 
 async def test_events_are_handled_in_order_and_floods_reported_once_a_second() -> None:

@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 
 from agent.realtime.rate_limit import TokenBucket
-from agent.testing.clock import FakeClock
+from tests.support.clock import FakeClock
 
 
 def test_burst_then_refill_at_rate() -> None:

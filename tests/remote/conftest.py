@@ -6,7 +6,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 
-from agent.testing.fake_engines import Behaviour, FakeMoshi, FakeServer, FakeVllmOmni
+from tests.support.fake_engines import Behaviour, FakeMoshi, FakeServer, FakeVllmOmni
 
 StartFake = Callable[..., Awaitable[FakeServer]]
 

@@ -13,9 +13,9 @@ from agent.media_agent import AgentSettings
 from agent.plugins.remote.link import LinkSettings
 from agent.plugins.remote.moshi_server import MoshiServerPlugin
 from agent.plugins.remote.vllm_omni import VllmOmniPlugin
-from agent.testing.fake_engines import Behaviour
 from agent.testing.peer import run_call
 from tests.support.agents import AgentFactory, RunningAgent, all_freed, wait_until
+from tests.support.fake_engines import Behaviour
 
 from .conftest import StartFake
 from .driver import upstream_tasks

@@ -15,8 +15,8 @@ from agent.plugins.remote.moshi_server import MoshiServerPlugin
 from agent.plugins.remote.plugin import RemotePlugin
 from agent.plugins.remote.pool import UpstreamPool
 from agent.plugins.remote.vllm_omni import VllmOmniPlugin
-from agent.testing.fake_engines import Behaviour, FakeServer
 from tests.support.agents import wait_until
+from tests.support.fake_engines import Behaviour, FakeServer
 
 from .conftest import StartFake
 from .driver import FRAME, Driver, failed_with, loud, upstream_tasks

@@ -9,8 +9,8 @@ from agent.plugins.base import PluginError, PluginOptions, SessionConfig
 from agent.plugins.moshi_defaults import DEFAULT_PERSONA, DEFAULT_VOICE
 from agent.plugins.remote.link import LinkSettings
 from agent.plugins.remote.moshi_server import MoshiServerPlugin, visible_text
-from agent.testing.fake_engines import Behaviour
 from tests.support.agents import wait_until
+from tests.support.fake_engines import Behaviour
 
 from .conftest import StartFake
 from .driver import Driver

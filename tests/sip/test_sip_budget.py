@@ -20,7 +20,6 @@ import numpy as np
 import pytest
 
 from agent.telephony.codec import PCMU
-from agent.testing.clock import FakeClock
 from agent.testing.testsignal import make_test_signal, measure_echo
 from signaling.sip.budget import BudgetSettings, MessageBudget, TransactionCap
 from signaling.sip.config import SipConfig, add_arguments, config_from_args
@@ -39,6 +38,7 @@ from tests.sip.helpers import (
     write_mulaw_wav,
 )
 from tests.support.agents import wait_until
+from tests.support.clock import FakeClock
 from tests.support.tls import self_signed
 
 FLOODER = "127.0.0.2"

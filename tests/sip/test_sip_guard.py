@@ -24,7 +24,6 @@ import numpy as np
 import pytest
 
 from agent.telephony.codec import PCMU
-from agent.testing.clock import FakeClock
 from agent.testing.testsignal import make_test_signal, measure_echo
 from signaling.sip.config import SipConfig, add_arguments, config_from_args
 from signaling.sip.guard import GuardSettings, InviteLimiter, Verdict
@@ -46,6 +45,7 @@ from tests.sip.helpers import (
 )
 from tests.sip.test_sip_message import INVALID, VALID, wire
 from tests.support.agents import wait_until
+from tests.support.clock import FakeClock
 
 FAST = TimerSettings(t1=0.05, t2=0.2, t4=0.25)
 

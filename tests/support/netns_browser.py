@@ -30,7 +30,7 @@ from typing import Any
 
 from playwright.async_api import Browser, Page, async_playwright, expect
 
-from agent.testing.chromium import PageLog, chromium_args, chromium_path
+from tests.support.chromium import PageLog, chromium_args, chromium_path
 from tests.support.netns import AGENT_PUBLIC, NatLab
 
 UI_TIMEOUT_MS = 15_000

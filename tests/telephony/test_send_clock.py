@@ -6,7 +6,7 @@ import asyncio
 
 from agent.audio.pacer import Pacer
 from agent.audio.send_clock import SendClock
-from agent.testing.clock import FakeClock
+from tests.support.clock import FakeClock
 
 
 async def run_for(clock: FakeClock, seconds: float) -> None:

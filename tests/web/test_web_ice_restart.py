@@ -12,9 +12,9 @@ import pytest
 from playwright.async_api import Browser, expect
 
 from agent.media_agent import AgentSettings
-from agent.testing.chromium import launch_chromium, open_page
 from tests.support import SPEECH_WAV
 from tests.support.agents import AgentFactory, wait_until
+from tests.support.chromium import launch_chromium, open_page
 from tests.web.test_web_page import (
     UI_TIMEOUT_MS,
     assert_clean,

@@ -31,8 +31,8 @@ from typing import Any
 import pytest
 from playwright.async_api import Browser, Page, expect
 
-from agent.testing.chromium import PageLog
 from tests.support import SPEECH_WAV
+from tests.support.chromium import PageLog
 from tests.support.netns import HOME_NAT_SWITCHED, NatLab, nat_lab, require_netns
 from tests.support.netns_browser import (
     MUX_PORT,

@@ -29,7 +29,6 @@ from playwright.async_api import Browser, Page, Request, expect
 from agent.call_settings import CallSettings
 from agent.media_agent import AgentSettings, MediaAgent
 from agent.plugins.echo import EchoPlugin
-from agent.testing.chromium import PageLog, chromium_path, launch_chromium, open_page
 from signaling import drain
 from signaling import page as page_module
 from signaling.__main__ import build_parser
@@ -37,6 +36,7 @@ from signaling.app import create_app
 from signaling.auth import AuthSettings
 from tests.support import SPEECH_WAV
 from tests.support.agents import AgentFactory, RunningAgent, all_freed, wait_until
+from tests.support.chromium import PageLog, chromium_path, launch_chromium, open_page
 from tests.support.text_echo_plugin import TextEchoPlugin
 
 ROOT = Path(__file__).resolve().parents[2]

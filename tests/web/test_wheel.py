@@ -30,8 +30,8 @@ import pytest
 from playwright.async_api import Response
 from setuptools import find_namespace_packages
 
-from agent.testing.chromium import chromium_path, launch_chromium
 from tests.support import SPEECH_WAV
+from tests.support.chromium import chromium_path, launch_chromium
 from tests.support.server_process import free_tcp_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -137,6 +137,12 @@ def test_wheel_holds_the_page_and_every_package(installed: Installed) -> None:
     wheel_dirs = {n.rpartition("/")[0] for n in names if n.endswith(".py")}
     lacking = sorted(p for p in packages if p.replace(".", "/") not in wheel_dirs)
     assert not lacking, f"the wheel lacks these packages: {lacking}"
+    # The test peer and its test signal ship (users run them); the doubles only the project's
+    # own tests and benchmarks use live in tests/support/ and do not.
+    testing = sorted(n.removeprefix("agent/testing/") for n in names
+                     if n.startswith("agent/testing/") and not n.startswith("agent/testing/peer/"))
+    assert testing == ["__init__.py", "testsignal.py"], f"agent/testing/ in the wheel: {testing}"
+    assert not any(n.startswith("tests/") for n in names), "the wheel holds tests/"
 
 
 def test_venv_imports_the_wheel_not_the_working_tree(installed: Installed) -> None:

@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 
 from agent.media_agent import AgentSettings
-from agent.testing.opus_quality import decode_opus_at_24k, encode_opus, read_wav_at, snr_db
 from agent.webrtc.encoding import InlineAudioEncoder
 from signaling.__main__ import build_parser, settings_from_args
 from tests.support import SPEECH_WAV
+from tests.support.opus_quality import decode_opus_at_24k, encode_opus, read_wav_at, snr_db
 
 RATE = 24000
 

@@ -31,11 +31,11 @@ from agent.rtc_tuning.ice_restart import (
 )
 from agent.testing.peer import PEER_RATE
 from agent.testing.testsignal import measure_echo
-from agent.testing.udp_path import UdpPath
 from agent.webrtc.trickle import parse_sdpfrag
 from signaling.auth import AuthSettings
 from tests.support.agents import AgentFactory, RunningAgent, wait_until
 from tests.support.realtime import RealtimeClient, offer_sdp_once
+from tests.support.udp_path import UdpPath
 
 TRICKLE = "application/trickle-ice-sdpfrag"
 SDP = "application/sdp"
