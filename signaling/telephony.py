@@ -37,16 +37,14 @@ from agent.telephony.media_stream import MediaStreamLeg
 from agent.telephony.rtp_leg import (
     RtpSettings,
     check_remote,
-    codec_from_request,
-    dtmf_payload_type_from_request,
     open_rtp_leg,
-    parse_host_port,
 )
 from signaling.auth import principal_of
 from signaling.call_route import CallRoute
 from signaling.calls import RESOURCES_KEY
 from signaling.errors import ApiError, error_response, read_json_object
 from signaling.keys import AGENT_KEY
+from signaling.rtp_body import codec_from_request, dtmf_payload_type_from_request, parse_host_port
 
 log = logging.getLogger(__name__)
 
