@@ -40,10 +40,11 @@ from agent.cli_errors import exit_with_error
 from agent.leg import Leg
 from agent.logs.log_safe import printable
 from signaling.keys import AGENT_KEY
-from signaling.sip.config import WEBHOOK_SECRET_ENV, check_webhook_secret
 
 log = logging.getLogger(__name__)
 
+# The signing secret of both webhooks (this one and the SIP `realtime.call.incoming`).
+WEBHOOK_SECRET_ENV = "AGENT_WEBHOOK_SECRET"
 EVENT_TYPE = "realtime.call.ended"
 QUEUE_LIMIT = 1024  # ended calls waiting to be posted
 SENDERS = 4  # posts in flight at once
@@ -53,6 +54,16 @@ ATTEMPT_TIMEOUT = 5.0
 DELIVERY_DEADLINE = 30.0
 SHUTDOWN_GRACE = 3.0
 OUTCOMES = ("delivered", "failed", "dropped")
+
+
+def check_webhook_secret(secret: str) -> str:
+    """A Standard Webhooks secret (`whsec_` + base64); ValueError otherwise."""
+    try:
+        Webhook(secret)
+    except Exception:
+        raise ValueError("the webhook secret must be a Standard Webhooks secret: 'whsec_' "
+                         "followed by base64") from None
+    return secret
 
 
 def ended_event(leg: Leg) -> dict[str, Any]:

@@ -9,10 +9,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
-from standardwebhooks import Webhook
-
 from agent.telephony.address_policy import DEFAULT_RTP_ALLOW, IPNetwork, parse_networks
 from signaling.auth import API_KEY_ENV, tenant_of
+from signaling.call_webhook import WEBHOOK_SECRET_ENV, check_webhook_secret
 from signaling.sip import budget as sip_budget
 from signaling.sip import guard as sip_guard
 from signaling.sip import media as sip_media
@@ -26,7 +25,6 @@ from signaling.sip.trunks import Trunk, load_trunks
 from signaling.telephony import network_argument
 
 WILDCARDS = ("0.0.0.0", "::")
-WEBHOOK_SECRET_ENV = "AGENT_WEBHOOK_SECRET"
 DEFAULT_ACCEPT_TIMEOUT = 10.0
 DEFAULT_RING_TIMEOUT = 60.0  # an outbound call not answered by then ends no_answer
 
@@ -100,16 +98,6 @@ def _webhook_url(text: str) -> str:
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise argparse.ArgumentTypeError(f"expected an http(s) URL, not {text!r}")
     return text
-
-
-def check_webhook_secret(secret: str) -> str:
-    """A Standard Webhooks secret (`whsec_` + base64); ValueError otherwise."""
-    try:
-        Webhook(secret)
-    except Exception:
-        raise ValueError("the webhook secret must be a Standard Webhooks secret: 'whsec_' "
-                         "followed by base64") from None
-    return secret
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
