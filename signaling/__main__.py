@@ -15,6 +15,7 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+import aiohttp
 from aiohttp import web
 from aiohttp.web_runner import GracefulExit
 
@@ -27,14 +28,6 @@ from agent.logs.redact import RedactingFilter
 from agent.media_agent import AgentSettings, MediaAgent
 from agent.plugins.base import PluginOptions
 from agent.plugins.registry import available_plugins, load_plugin, plugin_class
-from agent.rtc_tuning import AUDIO_CODECS, limit_host_addresses, parse_codec_list
-from agent.rtc_tuning.port_range import (
-    PortRange,
-    host_address_count,
-    limit_host_ports,
-    ports_needed,
-)
-from agent.rtc_tuning.udp_mux import UdpMux, use_udp_mux
 from agent.webrtc.encoding import OPUS_COMPLEXITY, OPUS_COMPLEXITY_RANGE
 from signaling import (
     address_limit,
@@ -52,7 +45,19 @@ from signaling import (
     slow_clients,
     telephony,
 )
+from signaling.aiohttp_internals import missing_internals as missing_aiohttp_internals
 from signaling.app import create_app
+from signaling.ice import (
+    AUDIO_CODECS,
+    PortRange,
+    UdpMux,
+    host_address_count,
+    limit_host_addresses,
+    limit_host_ports,
+    parse_codec_list,
+    ports_needed,
+    use_udp_mux,
+)
 from signaling.plugin_flags import (
     PluginFlagsParser,
     plugin_extra,
@@ -448,6 +453,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.log_format == "json":
         json_log.use_json(worker=args.worker_index)
     bad_requests.install()  # a client's malformed HTTP: one INFO line a second, no traceback
+    missing = missing_aiohttp_internals()  # an aiohttp upgrade: one line, not a later failure
+    if missing:
+        exit_with_error("aiohttp_unsupported", f"aiohttp {aiohttp.__version__} lacks what "
+                        f"signaling/aiohttp_internals.py uses: {', '.join(missing)}")
     # aioice logs every candidate pair check at INFO: one line per call is enough here.
     logging.getLogger("aioice").setLevel(max(logging.WARNING, logging.getLogger().level))
     try:  # an unknown plugin is one line, like every other start-up mistake

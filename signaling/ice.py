@@ -2,6 +2,9 @@
 the agent's own ICE ports and advertised addresses (`--rtc-ports`, `--rtc-udp-port`,
 `--rtc-advertise`).
 
+The one signaling module that imports agent.rtc_tuning (aiortc's settings from outside):
+what the command line needs of it, signaling/__main__.py takes from here.
+
 The same list configures the agent's own peer connections (so it gathers srflx/relay
 candidates) and is advertised to callers; aiortc itself uses the first STUN and the first
 TURN URL of the list. The default is no ICE server at all: host
@@ -19,9 +22,18 @@ from aiortc import RTCIceServer
 from aiortc.rtcicetransport import parse_stun_turn_uri
 
 from agent.media_agent import AgentSettings
+from agent.rtc_tuning import AUDIO_CODECS as AUDIO_CODECS
+from agent.rtc_tuning import limit_host_addresses as limit_host_addresses
+from agent.rtc_tuning import parse_codec_list as parse_codec_list
 from agent.rtc_tuning.advertise import parse_advertised
-from agent.rtc_tuning.port_range import PortRange, parse_port_range
+from agent.rtc_tuning.port_range import PortRange as PortRange
+from agent.rtc_tuning.port_range import host_address_count as host_address_count
+from agent.rtc_tuning.port_range import limit_host_ports as limit_host_ports
+from agent.rtc_tuning.port_range import parse_port_range
+from agent.rtc_tuning.port_range import ports_needed as ports_needed
+from agent.rtc_tuning.udp_mux import UdpMux as UdpMux
 from agent.rtc_tuning.udp_mux import parse_udp_port
+from agent.rtc_tuning.udp_mux import use_udp_mux as use_udp_mux
 from signaling.keys import AGENT_KEY
 
 ICE_SCHEMES = ("stun:", "stuns:", "turn:", "turns:")

@@ -27,6 +27,7 @@ from aiohttp.web_protocol import RequestHandler
 
 from agent.errors import AgentError
 from signaling.address_limit import gated_protocol_factory, new_gate
+from signaling.aiohttp_internals import requests_parsed
 from signaling.errors import json_error
 
 log = logging.getLogger(__name__)
@@ -54,9 +55,8 @@ STATS = SlowClientStats()
 
 
 def _close_if_no_request(handler: RequestHandler) -> None:
-    # `_request_count` counts request heads parsed on this connection (aiohttp internal,
-    # stable since 3.0); zero at the deadline means the head never completed.
-    if handler.transport is None or handler._request_count:
+    # No request head parsed on this connection at the deadline: the head never completed.
+    if handler.transport is None or requests_parsed(handler):
         return
     STATS.header_timeouts += 1
     peer = handler.transport.get_extra_info("peername")

@@ -24,6 +24,7 @@ from multidict import CIMultiDict
 from yarl import URL
 
 from agent.errors import AgentError
+from signaling.aiohttp_internals import refill_body
 from signaling.cluster.signing import MISDIRECTED, NODE_HEADERS, NodeGate, NodeSigner
 from signaling.workers.channel import HOP_HEADERS
 
@@ -107,10 +108,10 @@ class Forwarder:
 def with_body(request: web.Request, body: bytes) -> web.Request:
     """`request` after its body was read to check a node's signature: `read()` answers from
     aiohttp's copy, and the body stream is refilled with the same bytes for a handler that
-    streams it (a multipart offer). aiohttp offers no public way to refill it."""
+    streams it (a multipart offer)."""
     stream = StreamReader(request.protocol, 2**16, loop=asyncio.get_running_loop())
     if body:
         stream.feed_data(body)
     stream.feed_eof()
-    request._payload = stream
+    refill_body(request, stream)
     return request

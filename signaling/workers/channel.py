@@ -40,6 +40,7 @@ from aiohttp import web
 from multidict import CIMultiDict
 from yarl import URL
 
+from signaling.aiohttp_internals import set_remote
 from signaling.workers.supervisor import CHANNEL_SECRET_ENV, worker_socket_path
 
 SECRET_ENV = CHANNEL_SECRET_ENV
@@ -144,9 +145,8 @@ def adopt_client_address(request: web.Request) -> None:
         return
     client = client_address(request.headers.get(CLIENT_HEADER, ""))
     if client is not None:
-        # aiohttp caches `remote` here (request.clone(remote=...) fills the same entry); a
-        # clone would not reach the access log, which logs the request it made.
-        request._cache["remote"] = client
+        # In place: a clone would not reach the access log, which logs the request it made.
+        set_remote(request, client)
 
 
 def forwarded_by(request: web.Request) -> int:
