@@ -16,23 +16,29 @@ from agent.telephony.rtp_leg import DYNAMIC_PAYLOAD_TYPES, Address
 from agent.telephony.telephone_event import DEFAULT_PAYLOAD_TYPE as DEFAULT_DTMF_PAYLOAD_TYPE
 
 
+def split_ip_port(text: str) -> tuple[str, int, bool]:
+    """ "HOST:PORT" or "[V6]:PORT" with an IP literal → (normalized ip, port, whether a ":"
+    was there); ValueError when the host is no IP address or the port no number. The range
+    of the port is the caller's to check (a listener may take 0, a remote may not)."""
+    host, sep, port_text = text.strip().rpartition(":")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    return str(ipaddress.ip_address(host)), int(port_text), bool(sep)
+
+
 def parse_host_port(text: object, param: str) -> Address:
     """ "HOST:PORT" or "[V6]:PORT" with an IP literal → (normalized ip, port)."""
     if not isinstance(text, str) or not text.strip():
         raise CallError("invalid_address", f"'{param}' must be \"HOST:PORT\"", param=param)
-    host, sep, port_text = text.strip().rpartition(":")
-    if host.startswith("[") and host.endswith("]"):
-        host = host[1:-1]
     try:
-        ip = ipaddress.ip_address(host)
-        port = int(port_text)
+        ip, port, sep = split_ip_port(text)
     except ValueError:
         raise CallError("invalid_address",
                         f"'{param}' must be an IP address and a port, e.g. 192.0.2.10:4000",
                         param=param) from None
     if not sep or not 1 <= port <= 65535:
         raise CallError("invalid_address", f"'{param}' has no valid port", param=param)
-    return str(ip), port
+    return ip, port
 
 
 def dtmf_payload_type_from_request(body: dict[str, Any], codec: NarrowbandCodec) -> int | None:

@@ -45,12 +45,12 @@ import argparse
 import logging
 import math
 from collections import Counter
-from collections.abc import Callable
 from dataclasses import dataclass
 
 from agent.audio.clock import Clock, MonotonicClock
 from agent.logs.log_safe import LogThrottle
 from signaling.sip.buckets import BucketTable
+from signaling.sip.flag_types import between, seconds_between, whole_from
 from signaling.sip.transport import HEADER_TIMEOUT, TCP_PER_ADDRESS
 
 log = logging.getLogger(__name__)
@@ -156,54 +156,28 @@ class TransactionCap:
 # -- flags -------------------------------------------------------------------------------------
 
 
-def _rate(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not 0 <= value <= 1_000_000 or math.isnan(value):
-        raise argparse.ArgumentTypeError(f"expected 0 to 1000000 per second, not {text!r}")
-    return value
-
-
-def _whole(low: int) -> Callable[[str], int]:
-    def parse(text: str) -> int:
-        if not text.isdigit() or not low <= int(text) <= 10_000_000:
-            raise argparse.ArgumentTypeError(f"expected a whole number from {low}, not {text!r}")
-        return int(text)
-    return parse
-
-
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not 0 <= value <= 3600 or math.isnan(value):
-        raise argparse.ArgumentTypeError(f"expected 0 to 3600 seconds, not {text!r}")
-    return value
-
-
 def add_arguments(group: argparse._ArgumentGroup) -> None:
-    group.add_argument("--sip-message-rate", type=_rate, default=DEFAULT_MESSAGE_RATE,
+    group.add_argument("--sip-message-rate", type=between(0, 1_000_000, " per second"),
+                       default=DEFAULT_MESSAGE_RATE,
                        metavar="PER_S",
                        help="SIP messages a second taken from one source address, every "
                        "method and response counted; more are dropped unanswered (0: no "
                        f"limit; default {DEFAULT_MESSAGE_RATE:g}, enough for a trunk at "
                        "--sip-invite-rate)")
-    group.add_argument("--sip-message-burst", type=_whole(1), default=DEFAULT_MESSAGE_BURST,
+    group.add_argument("--sip-message-burst", type=whole_from(1), default=DEFAULT_MESSAGE_BURST,
                        metavar="N", help="messages one address may send at once before "
                        f"--sip-message-rate applies (default {DEFAULT_MESSAGE_BURST})")
-    group.add_argument("--sip-max-transactions", type=_whole(0),
+    group.add_argument("--sip-max-transactions", type=whole_from(0),
                        default=DEFAULT_MAX_TRANSACTIONS, metavar="N",
                        help="live SIP server transactions at most; a new request beyond "
                        "gets 503 with Retry-After, except within a live call (0: no cap; "
                        f"default {DEFAULT_MAX_TRANSACTIONS})")
-    group.add_argument("--sip-tcp-per-address", type=_whole(1),
+    group.add_argument("--sip-tcp-per-address", type=whole_from(1),
                        default=DEFAULT_TCP_PER_ADDRESS, metavar="N",
                        help="concurrent SIP/TCP and TLS connections from one IP address; "
                        f"more are closed at once (default {DEFAULT_TCP_PER_ADDRESS})")
-    group.add_argument("--sip-header-timeout", type=_seconds, default=DEFAULT_HEADER_TIMEOUT,
+    group.add_argument("--sip-header-timeout", type=seconds_between(0, 3600),
+                       default=DEFAULT_HEADER_TIMEOUT,
                        metavar="S", help="close a SIP/TCP or TLS connection whose message "
                        "has not arrived whole S seconds after its accept or its first byte "
                        f"(0: never; default {DEFAULT_HEADER_TIMEOUT:g})")

@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 import argparse
-import ipaddress
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 from agent.telephony.address_policy import DEFAULT_RTP_ALLOW, IPNetwork, parse_networks
 from signaling.auth import API_KEY_ENV, tenant_of
 from signaling.call_webhook import WEBHOOK_SECRET_ENV, check_webhook_secret
+from signaling.rtp_body import split_ip_port
 from signaling.sip import budget as sip_budget
 from signaling.sip import guard as sip_guard
 from signaling.sip import media as sip_media
@@ -19,6 +19,7 @@ from signaling.sip import outbound_policy
 from signaling.sip import sdes as sip_sdes
 from signaling.sip import tls as sip_tls
 from signaling.sip.caller_auth import CallerAuthSettings, load_auth_file
+from signaling.sip.flag_types import seconds_between as seconds_between
 from signaling.sip.message import MAX_MESSAGE_BYTES
 from signaling.sip.timers import TimerSettings
 from signaling.sip.trunks import Trunk, load_trunks
@@ -66,31 +67,14 @@ class SipConfig:
 
 def parse_listen(text: str) -> tuple[str, int]:
     """`HOST:PORT` or `[V6]:PORT` with an IP literal host."""
-    host, sep, port_text = text.strip().rpartition(":")
-    if host.startswith("[") and host.endswith("]"):
-        host = host[1:-1]
     try:
-        ip = ipaddress.ip_address(host)
-        port = int(port_text)
+        ip, port, sep = split_ip_port(text)
     except ValueError:
         raise argparse.ArgumentTypeError(
             f"expected HOST:PORT with an IP address, e.g. 127.0.0.1:5060, not {text!r}") from None
     if not sep or not 0 <= port <= 65535:
         raise argparse.ArgumentTypeError(f"invalid port in {text!r}")
-    return str(ip), port
-
-
-def seconds_between(low: float, high: float) -> Callable[[str], float]:
-    """A flag type: a number of seconds from `low` to `high`."""
-    def parse(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            value = low - 1.0
-        if not low <= value <= high:
-            raise argparse.ArgumentTypeError(f"expected {low:g} to {high:g} seconds, not {text!r}")
-        return value
-    return parse
+    return ip, port
 
 
 def _webhook_url(text: str) -> str:

@@ -25,6 +25,7 @@ from enum import Enum
 from agent.audio.clock import Clock, MonotonicClock
 from agent.logs.log_safe import LogThrottle
 from signaling.sip.buckets import BucketTable
+from signaling.sip.flag_types import between, whole_from
 
 log = logging.getLogger(__name__)
 
@@ -114,32 +115,17 @@ class InviteLimiter:
 # -- flags -------------------------------------------------------------------------------------
 
 
-def _non_negative(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not 0 <= value <= 100000 or math.isnan(value):
-        raise argparse.ArgumentTypeError(f"expected 0 to 100000 per second, not {text!r}")
-    return value
-
-
-def _count(text: str) -> int:
-    if not text.isdigit() or not 1 <= int(text) <= 10_000_000:
-        raise argparse.ArgumentTypeError(f"expected a whole number from 1, not {text!r}")
-    return int(text)
-
-
 def add_arguments(group: argparse._ArgumentGroup) -> None:
-    group.add_argument("--sip-invite-rate", type=_non_negative, default=DEFAULT_INVITE_RATE,
+    group.add_argument("--sip-invite-rate", type=between(0, 100_000, " per second"),
+                       default=DEFAULT_INVITE_RATE,
                        metavar="PER_S",
                        help="new INVITEs a second taken from one source address; more get 503 "
                        f"with Retry-After, and past {REPLY_CAP} refusals a second no answer "
                        f"(0: no limit; default {DEFAULT_INVITE_RATE:g})")
-    group.add_argument("--sip-invite-burst", type=_count, default=DEFAULT_INVITE_BURST,
+    group.add_argument("--sip-invite-burst", type=whole_from(1), default=DEFAULT_INVITE_BURST,
                        metavar="N", help="INVITEs one address may send at once before "
                        f"--sip-invite-rate applies (default {DEFAULT_INVITE_BURST})")
-    group.add_argument("--sip-invite-table", type=_count, default=DEFAULT_TABLE_SIZE,
+    group.add_argument("--sip-invite-table", type=whole_from(1), default=DEFAULT_TABLE_SIZE,
                        metavar="N", help="source addresses whose INVITE rate is tracked "
                        f"(least recently seen forgotten first; default {DEFAULT_TABLE_SIZE})")
 

@@ -40,6 +40,7 @@ from agent.telephony.rtp_leg import (
 )
 from agent.telephony.srtp import SrtpKeys, SrtpTransform
 from signaling.auth import Principal
+from signaling.sip.flag_types import seconds_between
 from signaling.sip.sdp import AudioChoice
 
 # The owner of every SIP call: the server itself. An open server, or an --admin-key (and a
@@ -150,18 +151,8 @@ async def open_sip_leg(agent: MediaAgent, choice: AudioChoice, settings: RtpSett
     return leg
 
 
-def media_timeout_argument(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not 0.1 <= value <= 3600:
-        raise argparse.ArgumentTypeError(f"expected 0.1 to 3600 seconds, not {text!r}")
-    return value
-
-
 def add_arguments(group: argparse._ArgumentGroup) -> None:
-    group.add_argument("--sip-media-timeout", type=media_timeout_argument,
+    group.add_argument("--sip-media-timeout", type=seconds_between(0.1, 3600),
                        default=DEFAULT_MEDIA_TIMEOUT, metavar="S",
                        help="end a SIP call (reason media_timeout) when the far end's RTP is "
                        "not heard within S seconds of the answer, or stops for S seconds "

@@ -23,6 +23,7 @@ from urllib.parse import unquote
 
 from agent.audio.clock import Clock
 from signaling.sip.buckets import BucketTable
+from signaling.sip.flag_types import between
 from signaling.sip.uri import Uri, format_host
 
 DEFAULT_RATE = 2.0  # calls a second, per key: a small call centre's dialler
@@ -105,18 +106,8 @@ class OutboundRate:
         return str(max(1, math.ceil(wait)))
 
 
-def non_negative(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not 0 <= value <= 10_000:
-        raise argparse.ArgumentTypeError(f"expected 0 to 10000, not {text!r}")
-    return value
-
-
 def add_arguments(group: argparse._ArgumentGroup) -> None:
-    group.add_argument("--sip-outbound-rate", type=non_negative, default=DEFAULT_RATE,
+    group.add_argument("--sip-outbound-rate", type=between(0, 10_000), default=DEFAULT_RATE,
                        metavar="R",
                        help="outbound calls (POST /v1/sip/calls) one API key may place per "
                        f"second on this node; more get 429 sip_outbound_rate (default "
