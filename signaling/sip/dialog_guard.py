@@ -40,18 +40,11 @@ def _ip_of(host: str) -> str | None:
 
 def dialog_sources(invite: SipRequest, invite_source: str, dialog: Dialog) -> frozenset[str]:
     """The addresses an inbound call's in-dialog requests may come from (see the module doc);
-    `invite_source` is the transport address its INVITE came from."""
-    sources = {ip for ip in (_ip_of(invite_source), _ip_of(dialog.remote_target.host)) if ip}
-    for route in dialog.route_set:
-        ip = _ip_of(route.uri.host)
-        if ip:
-            sources.add(ip)
-    for value in invite.headers.get_all("contact"):
-        contact = parse_name_addr(value)
-        ip = _ip_of(contact.uri.host) if contact is not None else None
-        if ip:
-            sources.add(ip)
-    return frozenset(sources)
+    `invite_source` is the transport address its INVITE came from. The same as an outbound
+    call's, from the INVITE's source, plus the INVITE's Contact hosts."""
+    contacts = (parse_name_addr(value) for value in invite.headers.get_all("contact"))
+    hosts = (_ip_of(contact.uri.host) for contact in contacts if contact is not None)
+    return outbound_dialog_sources(invite_source, dialog) | {ip for ip in hosts if ip}
 
 
 def outbound_dialog_sources(next_hop: str, dialog: Dialog) -> frozenset[str]:

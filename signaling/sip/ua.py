@@ -124,7 +124,6 @@ SETUP_SAMPLES = 1000
 Decision = tuple[SessionConfig, Principal] | int
 
 
-
 class InboundState(WireEnum):
     """An inbound call's protocol step (outbound_api.INBOUND_STATES says what GET shows).
     The agent answers here: AWAITING_ACK is its 2xx sent, not yet acknowledged."""
@@ -134,7 +133,6 @@ class InboundState(WireEnum):
     CONFIRMED = "confirmed"  # the ACK came (RFC 3261's confirmed dialog)
     ENDING = "ending"  # our BYE is on its way
     ENDED = "ended"
-
 
 
 @dataclass
