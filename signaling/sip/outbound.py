@@ -86,7 +86,6 @@ MAX_EVENTS = 50
 DTMF_PAYLOAD_TYPE = 101
 
 
-
 class OutboundState(WireEnum):
     """An outbound call's state, as GET shows it; ANSWERED: the far end took the call."""
 

@@ -37,7 +37,6 @@ ResponseHandler = Callable[[SipResponse], None]
 TimeoutHandler = Callable[[], None]
 
 
-
 class TxState(WireEnum):
     """A transaction's state, as RFC 3261 §17 (and RFC 6026's Accepted) names it."""
 

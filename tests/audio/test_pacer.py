@@ -58,7 +58,6 @@ async def test_late_sends_count_packets_that_would_leave_a_hole_over_60_ms() -> 
     assert (pacer.late_sends, pacer.reanchors) == (2, 1)
 
 
-
 async def test_track_sends_silence_on_underrun_with_continuous_timestamps() -> None:
     clock = FakeClock()
     playout = PlayoutBuffer(24000)

@@ -40,7 +40,6 @@ def answer_of(response: SipResponse) -> tuple[int, list[str], str]:
     return media.port, media.formats, sdp.direction_of(media)
 
 
-
 async def test_invite_is_answered_with_pcmu_and_telephone_event_then_bye_frees_it(
     sip_server: SipServer,
 ) -> None:

@@ -370,8 +370,6 @@ async def run_call(
     return report, signal, received
 
 
-
-
 # -- the PeerCall ------------------------------------------------------------------------------
 
 
