@@ -117,6 +117,18 @@ class SipRtpLeg(RtpLeg):
         return {**super().stats(), "sip_call_id": self.sip_call_id, "direction": self.direction}
 
 
+def wire_sip_leg(leg: SipRtpLeg, protocol: RtpProtocol, choice: AudioChoice, *,
+                 owner: Principal, sip_call_id: str, media_timeout: float) -> None:
+    """What a new SIP leg is given, inbound or outbound: its socket's protocol, its owner and
+    SIP Call-ID, its media timeout, and the negotiated codec and direction."""
+    protocol.leg = leg
+    leg._protocol = protocol
+    leg.owner = owner
+    leg.sip_call_id = sip_call_id
+    leg.watchdog.media_timeout = media_timeout
+    leg.apply(choice, choice.answer_direction)
+
+
 async def open_sip_leg(agent: MediaAgent, choice: AudioChoice, settings: RtpSettings,
                        sip_call_id: str, on_closed: LegClosed, *, leg_id: str | None = None,
                        session: SessionConfig | None = None,
@@ -134,12 +146,8 @@ async def open_sip_leg(agent: MediaAgent, choice: AudioChoice, settings: RtpSett
                         settings, dtmf_payload_type=choice.dtmf_payload_type, leg_id=leg_id)
     if srtp is not None:
         leg.srtp = SrtpTransform(srtp)  # SDES-SRTP (sdes.py): before any packet moves
-    protocol.leg = leg
-    leg._protocol = protocol
-    leg.owner = owner
-    leg.sip_call_id = sip_call_id
-    leg.watchdog.media_timeout = media_timeout
-    leg.apply(choice, choice.answer_direction)
+    wire_sip_leg(leg, protocol, choice, owner=owner, sip_call_id=sip_call_id,
+                 media_timeout=media_timeout)
     try:
         await leg.open_plugin_slot(await prepare_config(leg.plugin, session or SessionConfig()))
     except BaseException:

@@ -64,7 +64,7 @@ from signaling.sip.dialog_guard import outbound_dialog_sources
 from signaling.sip.digest import answer as digest_answer
 from signaling.sip.digest import best_challenge
 from signaling.sip.hooks import DialogHook
-from signaling.sip.media import SipRtpLeg
+from signaling.sip.media import SipRtpLeg, wire_sip_leg
 from signaling.sip.message import Headers, SipRequest, SipResponse
 from signaling.sip.sdp import AudioChoice, SdpError, build_answer, choose_audio, parse_sdp
 from signaling.sip.timers import TimerHandle
@@ -558,12 +558,8 @@ class Dialer:
                                 choice.remote, ua.rtp,
                                 dtmf_payload_type=choice.dtmf_payload_type,
                                 leg_id=call.api_id)
-            protocol.leg = leg
-            leg._protocol = protocol
-            leg.owner = call.owner
-            leg.sip_call_id = call.sip_call_id
-            leg.watchdog.media_timeout = ua.config.media_timeout
-            leg.apply(choice, choice.answer_direction)
+            wire_sip_leg(leg, protocol, choice, owner=call.owner,
+                         sip_call_id=call.sip_call_id, media_timeout=ua.config.media_timeout)
             leg.vouch(call.flow.remote[0])  # media on the host the agent dialed
             if early:
                 leg.agent_sends = False
